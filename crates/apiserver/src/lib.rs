@@ -1,0 +1,1 @@
+//! The apiserver: the public HTTP API.

@@ -1,0 +1,12 @@
+//! Sandbox substrates.
+//!
+//! * [`substrate`] — the [`substrate::Substrate`] trait every kind of sandbox implements.
+//! * [`aether_client`] — the edge's end of the aether protocol (multiplexed calls over a stream).
+//! * [`container`] — our own container runtime: clone into namespaces, cgroups, handing the
+//!   channel to aether (which builds the root inside the new mount namespace).
+//! * [`cgroup`] — cgroup v1 and v2 drivers, one file per version.
+
+pub mod aether_client;
+pub mod cgroup;
+pub mod container;
+pub mod substrate;

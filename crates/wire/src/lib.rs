@@ -1,0 +1,12 @@
+//! Wire types shared by every dsec component.
+//!
+//! * [`api`] — the HTTP/JSON API (the apiserver's public API; the edge serves the same
+//!   sandbox routes under `/edge/v1`).
+//! * [`aether`] — the framed protocol between an edge and the aether agent inside a sandbox.
+//!   It runs over any byte stream: an inherited unix socket for containers, virtio-serial or
+//!   vsock for VMs.
+//! * [`id`] — sandbox ids, which encode the node that owns the sandbox.
+
+pub mod aether;
+pub mod api;
+pub mod id;
