@@ -1,0 +1,34 @@
+#!/usr/bin/env bash
+# Installs what dsec needs on a Debian machine, idempotently. Run as root.
+set -euo pipefail
+
+PKGS=(erofs-utils busybox-static debootstrap runc bubblewrap nftables iproute2 sqlite3
+      libseccomp-dev python3 python3-pip python3-venv ca-certificates procps psmisc hyperfine)
+
+missing=()
+for p in "${PKGS[@]}"; do
+    dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if ((${#missing[@]})); then
+    echo "[dsec] installing Debian packages: ${missing[*]}"
+    export DEBIAN_FRONTEND=noninteractive
+    apt-get update -qq
+    apt-get install -y -qq "${missing[@]}" >/dev/null
+else
+    echo "[dsec] Debian packages present"
+fi
+
+if ! command -v cargo >/dev/null; then
+    for d in "$HOME/.cargo/bin" /root/.cargo/bin /usr/local/cargo/bin; do
+        [[ -x "$d/cargo" ]] && export PATH="$d:$PATH" && break
+    done
+fi
+command -v cargo >/dev/null || { echo "[dsec] cargo not found: install a Rust toolchain (rustup) first" >&2; exit 1; }
+
+# The Python used for the SDK and the end-to-end tests.
+PY=${PYTHON:-python3}
+if ! "$PY" -c 'import httpx, pytest' 2>/dev/null; then
+    echo "[dsec] installing Python packages (httpx, pytest)"
+    "$PY" -m pip install -q httpx pytest pytest-asyncio 2>/dev/null \
+        || "$PY" -m pip install -q --break-system-packages httpx pytest pytest-asyncio
+fi

@@ -1,0 +1,28 @@
+#!/usr/bin/env bash
+# One command: the whole test suite (unit, privileged integration, end to end). Run as root.
+#   sudo ./scripts/test.sh
+set -euo pipefail
+cd "$(dirname "$0")/.."
+[[ -d "$HOME/.cargo/bin" ]] && export PATH="$HOME/.cargo/bin:$PATH"
+
+bash scripts/install-deps.sh
+bash scripts/build.sh
+bash scripts/images/build-debian.sh
+python3 -m pip install -q ./sdk/python 2>/dev/null || python3 -m pip install -q --break-system-packages ./sdk/python
+
+export DSEC_BIN=$PWD/target/release/dsec
+export DSEC_AETHER=$PWD/target/release/dsec-aether
+
+echo "[dsec] cargo fmt --check"
+cargo fmt --all -- --check
+echo "[dsec] cargo clippy"
+cargo clippy --release --workspace --all-targets -- -D warnings
+
+status=0
+echo "[dsec] cargo test (unit + privileged integration)"
+cargo test --release --workspace -- --test-threads=2 || status=1
+
+echo "[dsec] pytest (SDK unit tests + end-to-end suite)"
+python3 -m pytest -q -rs sdk/python/tests tests || status=1
+
+exit $status
