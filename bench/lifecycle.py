@@ -1,0 +1,119 @@
+"""Benchmark: create -> first run_shell result -> stop, through the Python SDK.
+
+Baselines in the same run: `runc run` and `bwrap --unshare-all` of /bin/true on the same
+debian root. Then the sustained rate of create + `true` + stop with several in flight.
+
+    python3 bench/lifecycle.py [--n 200] [--image debian] [--concurrency 8] [--rate-n 600]
+
+Needs a running dsec (DSEC_API_URL / DSEC_API_KEY) and scripts/images/build-debian.sh's tarball.
+"""
+
+import argparse
+import asyncio
+import subprocess
+import time
+
+from common import print_table, runc_bundle, debian_rootfs, summary, write_results
+from dsec import DSecClient, DSecContainerRunArgs
+
+
+async def dsec_cycles(client, image, n):
+    create_ms, first_ms, cycle_ms = [], [], []
+    for _ in range(n):
+        t0 = time.perf_counter()
+        sb = await client.run_container(DSecContainerRunArgs(container_image=image))
+        t1 = time.perf_counter()
+        r = await sb.run_shell("true")
+        assert r.exit_code == 0, r
+        t2 = time.perf_counter()
+        await sb.stop()
+        t3 = time.perf_counter()
+        create_ms.append((t1 - t0) * 1e3)
+        first_ms.append((t2 - t0) * 1e3)
+        cycle_ms.append((t3 - t0) * 1e3)
+    return create_ms, first_ms, cycle_ms
+
+
+async def dsec_rate(client, image, total, concurrency):
+    sem = asyncio.Semaphore(concurrency)
+    lat = []
+
+    async def one():
+        async with sem:
+            t0 = time.perf_counter()
+            sb = await client.run_container(DSecContainerRunArgs(container_image=image))
+            r = await sb.run_shell("true")
+            assert r.exit_code == 0, r
+            await sb.stop()
+            lat.append((time.perf_counter() - t0) * 1e3)
+
+    t0 = time.perf_counter()
+    await asyncio.gather(*(one() for _ in range(total)))
+    return total / (time.perf_counter() - t0), lat
+
+
+def timed(cmd, n):
+    out = []
+    for _ in range(n):
+        t0 = time.perf_counter()
+        subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        out.append((time.perf_counter() - t0) * 1e3)
+    return out
+
+
+def rate_of(cmd, total, concurrency):
+    t0 = time.perf_counter()
+    running = []
+    done = 0
+    while done < total:
+        while len(running) < concurrency and done + len(running) < total:
+            running.append(subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
+        running.pop(0).wait()
+        done += 1
+    return total / (time.perf_counter() - t0)
+
+
+async def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--n", type=int, default=200)
+    ap.add_argument("--image", default="debian")
+    ap.add_argument("--concurrency", type=int, default=8)
+    ap.add_argument("--rate-n", type=int, default=600)
+    a = ap.parse_args()
+
+    root = debian_rootfs()
+    bundle = runc_bundle(["/bin/true"])
+    runc = ["runc", "run", "--bundle", bundle, "dsec-bench-runc"]
+    bwrap = ["bwrap", "--unshare-all", "--ro-bind", root, "/", "--proc", "/proc", "--dev", "/dev", "/bin/true"]
+
+    client = DSecClient()
+    await client.open()
+    try:
+        await dsec_cycles(client, a.image, 10)  # warm the layer mount and page cache
+        create_ms, first_ms, cycle_ms = await dsec_cycles(client, a.image, a.n)
+        runc_ms = timed(runc, a.n)
+        bwrap_ms = timed(bwrap, a.n)
+        rows = [summary("runc run /bin/true", runc_ms),
+                summary("bwrap --unshare-all /bin/true", bwrap_ms),
+                summary("dsec create (to ready)", create_ms),
+                summary("dsec create -> first run_shell result", first_ms),
+                summary("dsec create -> run_shell -> stop", cycle_ms)]
+        print(f"\n== single cycles, {a.n} each, image {a.image} ==")
+        print_table(rows, ref=rows[0])
+        rate, lat = await dsec_rate(client, a.image, a.rate_n, a.concurrency)
+        bwrap_rate = rate_of(bwrap, a.rate_n, a.concurrency)
+        print(f"\n== sustained create + true + stop, {a.rate_n} sandboxes, {a.concurrency} in flight ==")
+        print(f"dsec : {rate:8.1f} sandboxes/s  (cycle p50 {summary('x', lat)['p50_ms']:.2f} ms, "
+              f"p99 {summary('x', lat)['p99_ms']:.2f} ms)")
+        print(f"bwrap: {bwrap_rate:8.1f} runs/s of /bin/true")
+        print(f"\nratio dsec whole cycle p50 / runc p50 = {rows[4]['p50_ms'] / rows[0]['p50_ms']:.2f}")
+        print("reproduce: python3 bench/lifecycle.py --n %d --image %s --concurrency %d --rate-n %d"
+              % (a.n, a.image, a.concurrency, a.rate_n))
+        write_results("lifecycle", {"rows": rows, "rate_per_s": rate, "bwrap_rate_per_s": bwrap_rate,
+                                    "rate_cycle": summary("rate", lat), "args": vars(a)})
+    finally:
+        await client.close()
+
+
+if __name__ == "__main__":
+    asyncio.run(main())
