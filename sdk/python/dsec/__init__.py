@@ -1,0 +1,66 @@
+"""Python SDK of dsec, an elastic sandbox platform for agentic RL.
+
+```python
+from dsec import DSecClient, DSecContainerRunArgs
+
+client = DSecClient()            # DSEC_API_URL / DSEC_API_KEY
+await client.open()
+sandbox = await client.run_container(DSecContainerRunArgs(container_image="debian"), timeout=120)
+result = await sandbox.run_shell("echo hello world")
+await sandbox.stop()
+```
+
+A synchronous client with the same methods is in :mod:`dsec.sync`.
+"""
+
+from .client import DSecClient, Sandbox
+from .errors import (
+    BadRequest,
+    CommandTimeout,
+    Conflict,
+    DSecError,
+    FileNotFound,
+    Forbidden,
+    ImageNotFound,
+    NodeFull,
+    NodeUnavailable,
+    NotFound,
+    PayloadTooLarge,
+    QuotaExceeded,
+    SandboxDead,
+    SandboxNotFound,
+    TransportError,
+    Unauthorized,
+    Unsupported,
+)
+from .types import DSecContainerRunArgs, FileInfo, ImageInfo, SandboxInfo, ShellResult, StreamEvent
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "BadRequest",
+    "CommandTimeout",
+    "Conflict",
+    "DSecClient",
+    "DSecContainerRunArgs",
+    "DSecError",
+    "FileInfo",
+    "FileNotFound",
+    "Forbidden",
+    "ImageInfo",
+    "ImageNotFound",
+    "NodeFull",
+    "NodeUnavailable",
+    "NotFound",
+    "PayloadTooLarge",
+    "QuotaExceeded",
+    "Sandbox",
+    "SandboxDead",
+    "SandboxInfo",
+    "SandboxNotFound",
+    "ShellResult",
+    "StreamEvent",
+    "TransportError",
+    "Unauthorized",
+    "Unsupported",
+]

@@ -1,0 +1,618 @@
+"""Asynchronous client of the dsec HTTP API (``/v1``, see ``crates/wire/src/api.rs``)."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import json
+import os
+import time
+from typing import (
+    Any,
+    AsyncIterator,
+    Dict,
+    List,
+    Mapping,
+    Optional,
+    Sequence,
+    Union,
+)
+from urllib.parse import quote
+
+import httpx
+
+from .errors import (
+    CommandTimeout,
+    DSecError,
+    SandboxNotFound,
+    TransportError,
+    error_from_body,
+    error_from_parts,
+)
+from .types import (
+    DSecContainerRunArgs,
+    FileInfo,
+    ImageInfo,
+    SandboxInfo,
+    ShellResult,
+    StreamEvent,
+)
+
+#: Where ``dsec up`` writes ``DSEC_API_URL=``/``DSEC_API_KEY=`` lines (used when nothing else is set).
+DEFAULT_ENV_FILE = "/var/lib/dsec/env"
+#: Default command timeout of the server, in seconds (``limits::DEFAULT_TIMEOUT_S``).
+DEFAULT_COMMAND_TIMEOUT = 60.0
+#: Extra seconds the HTTP call may take beyond a command's own timeout.
+HTTP_GRACE = 30.0
+#: Size of the chunks read from local files for uploads.
+UPLOAD_CHUNK = 1024 * 1024
+
+_UNSET: Any = object()
+
+PathLike = Union[str, "os.PathLike[str]"]
+
+
+def _read_env_file(path: str) -> Dict[str, str]:
+    values: Dict[str, str] = {}
+    try:
+        with open(path, encoding="utf-8") as f:
+            for line in f:
+                key, sep, value = line.strip().partition("=")
+                if sep:
+                    values[key.strip()] = value.strip()
+    except OSError:
+        pass
+    return values
+
+
+def _seg(value: str) -> str:
+    """One URL path segment (ids and image names may not smuggle ``/`` or ``..``)."""
+    return quote(value, safe="")
+
+
+def _mode_text(mode: int) -> str:
+    return format(mode & 0o7777, "04o")
+
+
+def parse_mode_header(value: Optional[str]) -> Optional[int]:
+    """Parses the ``x-dsec-mode`` header: octal text (``0644``, ``644`` or ``0o644``)."""
+    if value is None:
+        return None
+    text = value.strip().lower()
+    if text.startswith("0o"):
+        text = text[2:]
+    try:
+        return int(text, 8) & 0o7777
+    except ValueError:
+        return None
+
+
+def _http_timeout(command_timeout: Optional[float]) -> httpx.Timeout:
+    total = (command_timeout if command_timeout is not None else DEFAULT_COMMAND_TIMEOUT) + HTTP_GRACE
+    return httpx.Timeout(total, connect=10.0)
+
+
+class DSecClient:
+    """Asynchronous dsec client.
+
+    ``api_url`` and ``api_key`` default to the ``DSEC_API_URL`` and ``DSEC_API_KEY`` environment
+    variables (then to ``/var/lib/dsec/env``, written by ``dsec up``). ``timeout`` (seconds) applies
+    to plain API calls; command calls wait for the command's own timeout plus a grace period.
+
+    Use ``await client.open()`` / ``await client.close()`` or ``async with DSecClient() as client``.
+    """
+
+    def __init__(
+        self,
+        api_url: Optional[str] = None,
+        api_key: Optional[str] = None,
+        timeout: float = 60.0,
+        *,
+        transport: Optional[httpx.AsyncBaseTransport] = None,
+    ):
+        file_values: Optional[Dict[str, str]] = None
+        if api_url is None:
+            api_url = os.environ.get("DSEC_API_URL")
+        if api_key is None:
+            api_key = os.environ.get("DSEC_API_KEY")
+        if api_url is None or api_key is None:
+            file_values = _read_env_file(DEFAULT_ENV_FILE)
+            api_url = api_url or file_values.get("DSEC_API_URL")
+            api_key = api_key or file_values.get("DSEC_API_KEY")
+        if not api_url:
+            raise DSecError("no API URL: pass api_url= or set DSEC_API_URL (printed by `dsec up`)")
+        self.api_url = api_url.rstrip("/")
+        self.api_key = api_key
+        self.timeout = timeout
+        self._transport = transport
+        self._http: Optional[httpx.AsyncClient] = None
+
+    # -- connection ---------------------------------------------------------------------------
+
+    async def open(self) -> "DSecClient":
+        """Opens the connection pool (calls also open it on first use)."""
+        if self._http is None:
+            headers = {"user-agent": "dsec-python/0.1"}
+            if self.api_key:
+                headers["authorization"] = f"Bearer {self.api_key}"
+            self._http = httpx.AsyncClient(
+                base_url=self.api_url,
+                headers=headers,
+                timeout=httpx.Timeout(self.timeout, connect=10.0),
+                transport=self._transport,
+                limits=httpx.Limits(max_connections=1000, max_keepalive_connections=100),
+            )
+        return self
+
+    async def close(self) -> None:
+        if self._http is not None:
+            http, self._http = self._http, None
+            await http.aclose()
+
+    async def __aenter__(self) -> "DSecClient":
+        return await self.open()
+
+    async def __aexit__(self, *exc: Any) -> None:
+        await self.close()
+
+    async def _client(self) -> httpx.AsyncClient:
+        if self._http is None:
+            await self.open()
+        assert self._http is not None
+        return self._http
+
+    async def _request(
+        self,
+        method: str,
+        path: str,
+        *,
+        json_body: Any = _UNSET,
+        params: Optional[Mapping[str, str]] = None,
+        content: Any = None,
+        headers: Optional[Mapping[str, str]] = None,
+        timeout: Any = _UNSET,
+    ) -> httpx.Response:
+        http = await self._client()
+        kwargs: Dict[str, Any] = {}
+        if json_body is not _UNSET:
+            kwargs["json"] = json_body
+        if content is not None:
+            kwargs["content"] = content
+        if params:
+            kwargs["params"] = params
+        if headers:
+            kwargs["headers"] = headers
+        if timeout is not _UNSET:
+            kwargs["timeout"] = timeout
+        try:
+            resp = await http.request(method, path, **kwargs)
+        except httpx.TimeoutException as e:
+            raise TransportError(f"{method} {path}: timed out waiting for the API server ({e})") from e
+        except httpx.TransportError as e:
+            raise TransportError(f"{method} {path}: cannot reach the API server at {self.api_url}: {e}") from e
+        if resp.status_code >= 400:
+            raise error_from_body(resp.status_code, resp.content)
+        return resp
+
+    @staticmethod
+    def _json(resp: httpx.Response) -> Any:
+        try:
+            return resp.json()
+        except ValueError as e:
+            raise DSecError(f"the API server sent invalid JSON ({e})", status=resp.status_code) from e
+
+    async def _stream_lines(
+        self, path: str, body: Dict[str, Any], timeout: httpx.Timeout
+    ) -> AsyncIterator[Dict[str, Any]]:
+        """POSTs ``body`` and yields the NDJSON objects of the answer."""
+        http = await self._client()
+        try:
+            async with http.stream("POST", path, json=body, timeout=timeout) as resp:
+                if resp.status_code >= 400:
+                    raise error_from_body(resp.status_code, await resp.aread())
+                async for line in resp.aiter_lines():
+                    line = line.strip()
+                    if not line:
+                        continue
+                    try:
+                        doc = json.loads(line)
+                    except ValueError as e:
+                        raise DSecError(f"bad stream line from the API server: {line[:200]!r} ({e})") from e
+                    if isinstance(doc, dict):
+                        yield doc
+        except httpx.TimeoutException as e:
+            raise TransportError(f"POST {path}: timed out waiting for the API server ({e})") from e
+        except httpx.TransportError as e:
+            raise TransportError(f"POST {path}: connection to the API server failed: {e}") from e
+
+    # -- sandboxes ----------------------------------------------------------------------------
+
+    async def run_container(
+        self, args: Union[DSecContainerRunArgs, Mapping[str, Any]], timeout: float = 120.0
+    ) -> "Sandbox":
+        """Creates a container sandbox and waits (up to ``timeout`` s) until it runs."""
+        body = args.to_json() if isinstance(args, DSecContainerRunArgs) else dict(args)
+        if "container_image" in body and "image" not in body:
+            body["image"] = body.pop("container_image")
+        deadline = time.monotonic() + timeout
+        resp = await self._request(
+            "POST", "/v1/sandboxes", json_body=body, timeout=httpx.Timeout(timeout, connect=10.0)
+        )
+        info = SandboxInfo.from_json(self._json(resp))
+        while info.state == "creating":
+            if time.monotonic() > deadline:
+                raise DSecError(f"sandbox {info.id} still creating after {timeout:g} s", code="timeout")
+            await asyncio.sleep(0.2)
+            info = await self.get_sandbox(info.id)
+        if info.state in ("failed", "stopped", "stopping"):
+            raise DSecError(
+                f"sandbox {info.id} is {info.state} right after creation: {info.reason or 'no reason given'}",
+                code="sandbox_dead",
+            )
+        return Sandbox(self, info)
+
+    async def create_sandbox(
+        self, args: Union[DSecContainerRunArgs, Mapping[str, Any]], timeout: float = 120.0
+    ) -> "Sandbox":
+        """Alias of :meth:`run_container`."""
+        return await self.run_container(args, timeout=timeout)
+
+    async def get_sandbox(self, sandbox_id: str) -> SandboxInfo:
+        resp = await self._request("GET", f"/v1/sandboxes/{_seg(sandbox_id)}")
+        return SandboxInfo.from_json(self._json(resp))
+
+    async def list_sandboxes(self) -> List[SandboxInfo]:
+        resp = await self._request("GET", "/v1/sandboxes")
+        doc = self._json(resp)
+        return [SandboxInfo.from_json(d) for d in doc.get("sandboxes", []) if isinstance(d, dict)]
+
+    async def attach(self, sandbox_id: str) -> "Sandbox":
+        """A :class:`Sandbox` handle for an existing sandbox (e.g. after a trainer restart)."""
+        return Sandbox(self, await self.get_sandbox(sandbox_id))
+
+    async def stop_sandbox(self, sandbox_id: str) -> SandboxInfo:
+        resp = await self._request("DELETE", f"/v1/sandboxes/{_seg(sandbox_id)}")
+        return SandboxInfo.from_json(self._json(resp))
+
+    # -- images and nodes ---------------------------------------------------------------------
+
+    async def list_images(self) -> List[ImageInfo]:
+        resp = await self._request("GET", "/v1/images")
+        doc = self._json(resp)
+        return [ImageInfo.from_json(d) for d in doc.get("images", []) if isinstance(d, dict)]
+
+    async def import_image(self, name: str, tar: Union[PathLike, bytes], timeout: float = 3600.0) -> ImageInfo:
+        """Imports an image from a tar(.gz) file path or bytes."""
+        if isinstance(tar, (bytes, bytearray)):
+            content: Any = bytes(tar)
+        else:
+            content = _file_chunks(os.fspath(tar))
+        resp = await self._request(
+            "PUT",
+            f"/v1/images/{_seg(name)}",
+            content=content,
+            headers={"content-type": "application/x-tar"},
+            timeout=httpx.Timeout(timeout, connect=10.0),
+        )
+        return ImageInfo.from_json(self._json(resp))
+
+    async def remove_image(self, name: str) -> None:
+        await self._request("DELETE", f"/v1/images/{_seg(name)}")
+
+    async def list_nodes(self) -> List[Dict[str, Any]]:
+        resp = await self._request("GET", "/v1/nodes")
+        doc = self._json(resp)
+        return [d for d in doc.get("nodes", []) if isinstance(d, dict)]
+
+
+async def _file_chunks(path: str) -> AsyncIterator[bytes]:
+    with open(path, "rb") as f:
+        while True:
+            chunk = f.read(UPLOAD_CHUNK)
+            if not chunk:
+                return
+            yield chunk
+
+
+def _shell_body(
+    cmd: str,
+    session: str,
+    timeout: Optional[float],
+    env: Optional[Mapping[str, str]],
+    cwd: Optional[str],
+    stdin: Union[str, bytes, None],
+    max_output_bytes: Optional[int],
+    step: Optional[int],
+) -> Dict[str, Any]:
+    body: Dict[str, Any] = {"cmd": cmd, "session": session}
+    if timeout is not None:
+        body["timeout"] = float(timeout)
+    if env:
+        body["env"] = dict(env)
+    if cwd is not None:
+        body["cwd"] = cwd
+    if stdin is not None:
+        if isinstance(stdin, (bytes, bytearray)):
+            try:
+                stdin = bytes(stdin).decode("utf-8")
+            except UnicodeDecodeError as e:
+                raise ValueError("run_shell stdin must be UTF-8 text; use exec(stdin=bytes) for binary input") from e
+        body["stdin"] = stdin
+    if max_output_bytes is not None:
+        body["max_output_bytes"] = int(max_output_bytes)
+    if step is not None:
+        body["step"] = int(step)
+    return body
+
+
+def _exec_body(
+    argv: Sequence[str],
+    timeout: Optional[float],
+    env: Optional[Mapping[str, str]],
+    cwd: Optional[str],
+    stdin: Union[str, bytes, None],
+    user: Optional[str],
+    max_output_bytes: Optional[int],
+    step: Optional[int],
+) -> Dict[str, Any]:
+    if isinstance(argv, str):
+        raise TypeError("exec takes an argv list, e.g. ['ls', '-l']; use run_shell for a command line")
+    body: Dict[str, Any] = {"argv": [str(a) for a in argv]}
+    if timeout is not None:
+        body["timeout"] = float(timeout)
+    if env:
+        body["env"] = dict(env)
+    if cwd is not None:
+        body["cwd"] = cwd
+    if isinstance(stdin, (bytes, bytearray)):
+        body["stdin_b64"] = base64.b64encode(bytes(stdin)).decode("ascii")
+    elif stdin is not None:
+        body["stdin"] = stdin
+    if user is not None:
+        body["user"] = user
+    if max_output_bytes is not None:
+        body["max_output_bytes"] = int(max_output_bytes)
+    if step is not None:
+        body["step"] = int(step)
+    return body
+
+
+def _check_timeout(result: ShellResult, what: str, timeout: Optional[float], raise_on_timeout: bool) -> ShellResult:
+    if raise_on_timeout and result.timed_out:
+        limit = timeout if timeout is not None else DEFAULT_COMMAND_TIMEOUT
+        raise CommandTimeout(f"{what} timed out after {limit:g} s", result)
+    return result
+
+
+class Sandbox:
+    """A handle on one sandbox. ``async with sandbox:`` stops it on exit."""
+
+    def __init__(self, client: DSecClient, info: SandboxInfo):
+        self._client = client
+        self.info = info
+
+    @property
+    def id(self) -> str:
+        return self.info.id
+
+    def __repr__(self) -> str:
+        return f"Sandbox(id={self.id!r}, image={self.info.image!r}, state={self.info.state!r})"
+
+    def _path(self, suffix: str = "") -> str:
+        return f"/v1/sandboxes/{_seg(self.id)}{suffix}"
+
+    async def refresh(self) -> SandboxInfo:
+        self.info = await self._client.get_sandbox(self.id)
+        return self.info
+
+    async def stop(self) -> SandboxInfo:
+        self.info = await self._client.stop_sandbox(self.id)
+        return self.info
+
+    async def __aenter__(self) -> "Sandbox":
+        return self
+
+    async def __aexit__(self, *exc: Any) -> None:
+        try:
+            await self.stop()
+        except SandboxNotFound:
+            pass
+
+    # -- commands -----------------------------------------------------------------------------
+
+    async def run_shell(
+        self,
+        cmd: str,
+        session: str = "default",
+        timeout: Optional[float] = None,
+        env: Optional[Mapping[str, str]] = None,
+        cwd: Optional[str] = None,
+        stdin: Union[str, bytes, None] = None,
+        max_output_bytes: Optional[int] = None,
+        *,
+        raise_on_timeout: bool = False,
+        step: Optional[int] = None,
+    ) -> ShellResult:
+        """Runs ``cmd`` in the persistent shell ``session`` (cwd, env, functions and background
+        jobs persist between calls). A command that runs past ``timeout`` seconds (server default
+        60) is killed and comes back with ``timed_out=True``, or raises :class:`CommandTimeout`
+        when ``raise_on_timeout`` is set."""
+        body = _shell_body(cmd, session, timeout, env, cwd, stdin, max_output_bytes, step)
+        resp = await self._client._request("POST", self._path("/shell"), json_body=body, timeout=_http_timeout(timeout))
+        result = ShellResult.from_json(self._client._json(resp))
+        return _check_timeout(result, f"command {cmd[:80]!r}", timeout, raise_on_timeout)
+
+    async def exec(
+        self,
+        argv: Sequence[str],
+        timeout: Optional[float] = None,
+        env: Optional[Mapping[str, str]] = None,
+        cwd: Optional[str] = None,
+        stdin: Union[str, bytes, None] = None,
+        user: Optional[str] = None,
+        max_output_bytes: Optional[int] = None,
+        *,
+        raise_on_timeout: bool = False,
+        step: Optional[int] = None,
+    ) -> ShellResult:
+        """Runs ``argv`` directly (no shell). ``stdin`` may be text or bytes."""
+        body = _exec_body(argv, timeout, env, cwd, stdin, user, max_output_bytes, step)
+        resp = await self._client._request("POST", self._path("/exec"), json_body=body, timeout=_http_timeout(timeout))
+        result = ShellResult.from_json(self._client._json(resp))
+        return _check_timeout(result, f"exec {list(argv)[:4]!r}", timeout, raise_on_timeout)
+
+    async def stream_shell(
+        self,
+        cmd: str,
+        session: str = "default",
+        timeout: Optional[float] = None,
+        env: Optional[Mapping[str, str]] = None,
+        cwd: Optional[str] = None,
+        stdin: Union[str, bytes, None] = None,
+        max_output_bytes: Optional[int] = None,
+        *,
+        step: Optional[int] = None,
+    ) -> AsyncIterator[StreamEvent]:
+        """Runs ``cmd`` like :meth:`run_shell` and yields :class:`StreamEvent`s as output arrives
+        (``stdout``/``stderr`` chunks, then one ``exit`` with the result). Leaving the loop early
+        closes the connection, which cancels the command."""
+        body = _shell_body(cmd, session, timeout, env, cwd, stdin, max_output_bytes, step)
+        body["stream"] = True
+        async for event in self._events(self._path("/shell"), body, timeout):
+            yield event
+
+    async def stream_exec(
+        self,
+        argv: Sequence[str],
+        timeout: Optional[float] = None,
+        env: Optional[Mapping[str, str]] = None,
+        cwd: Optional[str] = None,
+        stdin: Union[str, bytes, None] = None,
+        user: Optional[str] = None,
+        max_output_bytes: Optional[int] = None,
+        *,
+        step: Optional[int] = None,
+    ) -> AsyncIterator[StreamEvent]:
+        """Like :meth:`exec`, streaming :class:`StreamEvent`s."""
+        body = _exec_body(argv, timeout, env, cwd, stdin, user, max_output_bytes, step)
+        body["stream"] = True
+        async for event in self._events(self._path("/exec"), body, timeout):
+            yield event
+
+    async def _events(self, path: str, body: Dict[str, Any], timeout: Optional[float]) -> AsyncIterator[StreamEvent]:
+        saw_exit = False
+        async for doc in self._client._stream_lines(path, body, _http_timeout(timeout)):
+            if doc.get("type") == "error":
+                err = doc.get("error") if isinstance(doc.get("error"), dict) else {}
+                raise error_from_parts(None, err.get("code"), str(err.get("message") or "command failed"))
+            event = StreamEvent.from_json(doc)
+            if event.type == "exit":
+                saw_exit = True
+            yield event
+        if not saw_exit:
+            raise TransportError("the command stream ended without an exit event")
+
+    async def close_session(self, session: str) -> None:
+        """Ends a named shell session (its processes are killed)."""
+        await self._client._request("DELETE", self._path(f"/sessions/{_seg(session)}"))
+
+    # -- files --------------------------------------------------------------------------------
+
+    async def write_file(self, path: str, data: Union[bytes, str], mode: int = 0o644) -> FileInfo:
+        """Writes ``data`` (bytes, or text as UTF-8) to ``path`` with permission bits ``mode``."""
+        if isinstance(data, str):
+            data = data.encode("utf-8")
+        resp = await self._client._request(
+            "PUT",
+            self._path("/files"),
+            params={"path": path, "mode": _mode_text(mode)},
+            content=bytes(data),
+            headers={"content-type": "application/octet-stream"},
+        )
+        return FileInfo.from_json(self._client._json(resp))
+
+    async def read_file(self, path: str) -> bytes:
+        resp = await self._client._request("GET", self._path("/files"), params={"path": path})
+        return resp.content
+
+    async def upload(
+        self, local_path: PathLike, remote_path: str, mode: Optional[int] = None, timeout: float = 3600.0
+    ) -> FileInfo:
+        """Streams a local file into the sandbox, keeping its permission bits (or ``mode``)."""
+        local = os.fspath(local_path)
+        if mode is None:
+            mode = os.stat(local).st_mode & 0o7777
+        resp = await self._client._request(
+            "PUT",
+            self._path("/files"),
+            params={"path": remote_path, "mode": _mode_text(mode)},
+            content=_file_chunks(local),
+            headers={"content-type": "application/octet-stream"},
+            timeout=httpx.Timeout(timeout, connect=10.0),
+        )
+        return FileInfo.from_json(self._client._json(resp))
+
+    async def download(self, remote_path: str, local_path: PathLike, timeout: float = 3600.0) -> int:
+        """Streams a sandbox file to ``local_path`` (mode from ``x-dsec-mode``); returns its size."""
+        local = os.fspath(local_path)
+        http = await self._client._client()
+        path = self._path("/files")
+        written = 0
+        try:
+            async with http.stream(
+                "GET", path, params={"path": remote_path}, timeout=httpx.Timeout(timeout, connect=10.0)
+            ) as resp:
+                if resp.status_code >= 400:
+                    raise error_from_body(resp.status_code, await resp.aread())
+                mode = parse_mode_header(resp.headers.get("x-dsec-mode"))
+                tmp = f"{local}.dsec-part"
+                try:
+                    with open(tmp, "wb") as f:
+                        async for chunk in resp.aiter_bytes():
+                            f.write(chunk)
+                            written += len(chunk)
+                    if mode is not None:
+                        os.chmod(tmp, mode)
+                    os.replace(tmp, local)
+                except BaseException:
+                    try:
+                        os.unlink(tmp)
+                    except OSError:
+                        pass
+                    raise
+        except httpx.TimeoutException as e:
+            raise TransportError(f"GET {path}: timed out ({e})") from e
+        except httpx.TransportError as e:
+            raise TransportError(f"GET {path}: connection to the API server failed: {e}") from e
+        return written
+
+    async def list_files(self, path: str) -> List[FileInfo]:
+        resp = await self._client._request("GET", self._path("/files/list"), params={"path": path})
+        doc = self._client._json(resp)
+        return [FileInfo.from_json(d) for d in doc.get("entries", []) if isinstance(d, dict)]
+
+    async def stat(self, path: str) -> FileInfo:
+        resp = await self._client._request("GET", self._path("/files/stat"), params={"path": path})
+        return FileInfo.from_json(self._client._json(resp))
+
+    async def exists(self, path: str) -> bool:
+        from .errors import FileNotFound
+
+        try:
+            await self.stat(path)
+            return True
+        except FileNotFound:
+            return False
+
+    async def remove(self, path: str, recursive: bool = False) -> None:
+        await self._client._request(
+            "DELETE", self._path("/files"), params={"path": path, "recursive": "true" if recursive else "false"}
+        )
+
+    async def mkdir(self, path: str, parents: bool = True, mode: int = 0o755) -> FileInfo:
+        resp = await self._client._request(
+            "POST",
+            self._path("/files/mkdir"),
+            params={"path": path, "mode": _mode_text(mode), "parents": "true" if parents else "false"},
+        )
+        return FileInfo.from_json(self._client._json(resp))

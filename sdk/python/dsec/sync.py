@@ -1,0 +1,210 @@
+"""Synchronous dsec client: the same methods as :class:`dsec.DSecClient`, without ``await``.
+
+It runs the asynchronous client on an event loop in a private daemon thread, so it works the same
+from plain scripts, threads and programs that already run their own event loop.
+
+```python
+from dsec.sync import DSecClient
+from dsec import DSecContainerRunArgs
+
+with DSecClient() as client:
+    with client.run_container(DSecContainerRunArgs(container_image="busybox")) as sandbox:
+        print(sandbox.run_shell("echo hi").stdout)
+```
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from typing import Any, AsyncIterator, Awaitable, Dict, Iterator, List, Mapping, Optional, Sequence, TypeVar, Union
+
+from . import client as _async
+from .errors import SandboxNotFound
+from .types import DSecContainerRunArgs, FileInfo, ImageInfo, SandboxInfo, ShellResult, StreamEvent
+
+T = TypeVar("T")
+
+
+class _LoopThread:
+    """An asyncio event loop running forever in a daemon thread."""
+
+    def __init__(self) -> None:
+        self.loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._main, name="dsec-sync-loop", daemon=True)
+        self._thread.start()
+
+    def _main(self) -> None:
+        asyncio.set_event_loop(self.loop)
+        self.loop.run_forever()
+
+    def run(self, coro: Awaitable[T]) -> T:
+        if not self.loop.is_running() and self.loop.is_closed():
+            raise RuntimeError("the dsec sync client is closed")
+        return asyncio.run_coroutine_threadsafe(coro, self.loop).result()  # type: ignore[arg-type]
+
+    def iterate(self, agen: AsyncIterator[T]) -> Iterator[T]:
+        try:
+            while True:
+                try:
+                    item = self.run(agen.__anext__())
+                except StopAsyncIteration:
+                    return
+                yield item
+        finally:
+            aclose = getattr(agen, "aclose", None)
+            if aclose is not None and not self.loop.is_closed():
+                self.run(aclose())
+
+    def stop(self) -> None:
+        if self.loop.is_closed():
+            return
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self._thread.join(timeout=10)
+        if not self._thread.is_alive():
+            self.loop.close()
+
+
+class DSecClient:
+    """Synchronous dsec client (see :class:`dsec.DSecClient` for the arguments)."""
+
+    def __init__(
+        self,
+        api_url: Optional[str] = None,
+        api_key: Optional[str] = None,
+        timeout: float = 60.0,
+        **kwargs: Any,
+    ):
+        self._aclient = _async.DSecClient(api_url, api_key, timeout, **kwargs)
+        self._loop = _LoopThread()
+        self.api_url = self._aclient.api_url
+        self.api_key = self._aclient.api_key
+
+    def open(self) -> "DSecClient":
+        self._loop.run(self._aclient.open())
+        return self
+
+    def close(self) -> None:
+        if self._loop.loop.is_closed():
+            return
+        try:
+            self._loop.run(self._aclient.close())
+        finally:
+            self._loop.stop()
+
+    def __enter__(self) -> "DSecClient":
+        return self.open()
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    def _run(self, coro: Awaitable[T]) -> T:
+        return self._loop.run(coro)
+
+    def run_container(self, args: Union[DSecContainerRunArgs, Mapping[str, Any]], timeout: float = 120.0) -> "Sandbox":
+        return Sandbox(self, self._run(self._aclient.run_container(args, timeout=timeout)))
+
+    create_sandbox = run_container
+
+    def get_sandbox(self, sandbox_id: str) -> SandboxInfo:
+        return self._run(self._aclient.get_sandbox(sandbox_id))
+
+    def list_sandboxes(self) -> List[SandboxInfo]:
+        return self._run(self._aclient.list_sandboxes())
+
+    def attach(self, sandbox_id: str) -> "Sandbox":
+        return Sandbox(self, self._run(self._aclient.attach(sandbox_id)))
+
+    def stop_sandbox(self, sandbox_id: str) -> SandboxInfo:
+        return self._run(self._aclient.stop_sandbox(sandbox_id))
+
+    def list_images(self) -> List[ImageInfo]:
+        return self._run(self._aclient.list_images())
+
+    def import_image(self, name: str, tar: Any, timeout: float = 3600.0) -> ImageInfo:
+        return self._run(self._aclient.import_image(name, tar, timeout=timeout))
+
+    def remove_image(self, name: str) -> None:
+        self._run(self._aclient.remove_image(name))
+
+    def list_nodes(self) -> List[Dict[str, Any]]:
+        return self._run(self._aclient.list_nodes())
+
+
+class Sandbox:
+    """Synchronous handle on one sandbox. ``with sandbox:`` stops it on exit."""
+
+    def __init__(self, client: DSecClient, inner: _async.Sandbox):
+        self._client = client
+        self._inner = inner
+
+    @property
+    def id(self) -> str:
+        return self._inner.id
+
+    @property
+    def info(self) -> SandboxInfo:
+        return self._inner.info
+
+    def __repr__(self) -> str:
+        return repr(self._inner)
+
+    def _run(self, coro: Awaitable[T]) -> T:
+        return self._client._run(coro)
+
+    def refresh(self) -> SandboxInfo:
+        return self._run(self._inner.refresh())
+
+    def stop(self) -> SandboxInfo:
+        return self._run(self._inner.stop())
+
+    def __enter__(self) -> "Sandbox":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        try:
+            self.stop()
+        except SandboxNotFound:
+            pass
+
+    def run_shell(self, cmd: str, session: str = "default", timeout: Optional[float] = None, **kwargs: Any) -> ShellResult:
+        return self._run(self._inner.run_shell(cmd, session, timeout, **kwargs))
+
+    def exec(self, argv: Sequence[str], timeout: Optional[float] = None, **kwargs: Any) -> ShellResult:
+        return self._run(self._inner.exec(argv, timeout, **kwargs))
+
+    def stream_shell(self, cmd: str, session: str = "default", timeout: Optional[float] = None, **kwargs: Any) -> Iterator[StreamEvent]:
+        return self._client._loop.iterate(self._inner.stream_shell(cmd, session, timeout, **kwargs))
+
+    def stream_exec(self, argv: Sequence[str], timeout: Optional[float] = None, **kwargs: Any) -> Iterator[StreamEvent]:
+        return self._client._loop.iterate(self._inner.stream_exec(argv, timeout, **kwargs))
+
+    def close_session(self, session: str) -> None:
+        self._run(self._inner.close_session(session))
+
+    def write_file(self, path: str, data: Union[bytes, str], mode: int = 0o644) -> FileInfo:
+        return self._run(self._inner.write_file(path, data, mode))
+
+    def read_file(self, path: str) -> bytes:
+        return self._run(self._inner.read_file(path))
+
+    def upload(self, local_path: Any, remote_path: str, mode: Optional[int] = None, timeout: float = 3600.0) -> FileInfo:
+        return self._run(self._inner.upload(local_path, remote_path, mode, timeout))
+
+    def download(self, remote_path: str, local_path: Any, timeout: float = 3600.0) -> int:
+        return self._run(self._inner.download(remote_path, local_path, timeout))
+
+    def list_files(self, path: str) -> List[FileInfo]:
+        return self._run(self._inner.list_files(path))
+
+    def stat(self, path: str) -> FileInfo:
+        return self._run(self._inner.stat(path))
+
+    def exists(self, path: str) -> bool:
+        return self._run(self._inner.exists(path))
+
+    def remove(self, path: str, recursive: bool = False) -> None:
+        self._run(self._inner.remove(path, recursive))
+
+    def mkdir(self, path: str, parents: bool = True, mode: int = 0o755) -> FileInfo:
+        return self._run(self._inner.mkdir(path, parents, mode))

@@ -1,0 +1,209 @@
+"""Data types of the dsec API (mirrors ``crates/wire/src/api.rs``)."""
+
+from __future__ import annotations
+
+import base64
+import binascii
+from dataclasses import asdict, dataclass, field, fields
+from typing import Any, Dict, List, Optional
+
+
+def _b64(value: Any) -> Optional[bytes]:
+    if not isinstance(value, str):
+        return None
+    try:
+        return base64.b64decode(value, validate=True)
+    except (binascii.Error, ValueError):
+        return None
+
+
+@dataclass
+class DSecContainerRunArgs:
+    """Arguments of :meth:`dsec.DSecClient.run_container` (body of ``POST /v1/sandboxes``).
+
+    ``None`` fields are left out so that the node's defaults apply.
+    """
+
+    container_image: str
+    memory_limit_mb: Optional[int] = None
+    cpu_cores_limit: Optional[float] = None
+    pids_limit: Optional[int] = None
+    ttl_running_stop: Optional[int] = None
+    ttl_total: Optional[int] = None
+    network_rules: Optional[Dict[str, bool]] = None
+    init_user: Optional[str] = None
+    hostname: Optional[str] = None
+    env: Optional[Dict[str, str]] = None
+    labels: Optional[Dict[str, str]] = None
+    workspace: Optional[str] = None
+    toolkits: Optional[List[str]] = None
+    idempotency_key: Optional[str] = None
+
+    def to_json(self) -> Dict[str, Any]:
+        """The JSON body of the create call (``container_image`` becomes ``image``)."""
+        body: Dict[str, Any] = {"image": self.container_image}
+        for f in fields(self):
+            if f.name == "container_image":
+                continue
+            value = getattr(self, f.name)
+            if value is None:
+                continue
+            if isinstance(value, dict):
+                value = dict(value)
+            elif isinstance(value, (list, tuple)):
+                value = list(value)
+            body[f.name] = value
+        return body
+
+
+@dataclass
+class SandboxInfo:
+    """What the platform knows about one sandbox."""
+
+    id: str
+    node: str = ""
+    state: str = ""
+    substrate: str = "container"
+    image: str = ""
+    memory_limit_mb: int = 0
+    cpu_cores_limit: float = 0.0
+    pids_limit: int = 0
+    init_user: str = ""
+    hostname: str = ""
+    ttl_running_stop: Optional[int] = None
+    ttl_total: Optional[int] = None
+    network_rules: Dict[str, bool] = field(default_factory=dict)
+    labels: Dict[str, str] = field(default_factory=dict)
+    created_at: str = ""
+    create_ms: Optional[float] = None
+    reason: Optional[str] = None
+    raw: Dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
+
+    @classmethod
+    def from_json(cls, doc: Dict[str, Any]) -> "SandboxInfo":
+        known = {f.name for f in fields(cls)} - {"raw"}
+        kwargs = {k: v for k, v in doc.items() if k in known and v is not None}
+        for key in ("network_rules", "labels"):
+            if key in kwargs and not isinstance(kwargs[key], dict):
+                kwargs.pop(key)
+        info = cls(**kwargs)
+        info.raw = dict(doc)
+        return info
+
+
+@dataclass
+class ShellResult:
+    """Result of a shell command or exec.
+
+    ``stdout``/``stderr`` are text (invalid UTF-8 replaced); :attr:`stdout_bytes` and
+    :attr:`stderr_bytes` give the exact bytes.
+    """
+
+    stdout: str = ""
+    stderr: str = ""
+    exit_code: int = 0
+    signal: Optional[int] = None
+    duration_ms: float = 0.0
+    stdout_truncated: bool = False
+    stderr_truncated: bool = False
+    timed_out: bool = False
+    oom_killed: bool = False
+    session_restarted: bool = False
+    stdout_total_bytes: int = 0
+    stderr_total_bytes: int = 0
+    stdout_b64: Optional[str] = field(default=None, repr=False)
+    stderr_b64: Optional[str] = field(default=None, repr=False)
+
+    @classmethod
+    def from_json(cls, doc: Dict[str, Any]) -> "ShellResult":
+        known = {f.name for f in fields(cls)}
+        return cls(**{k: v for k, v in doc.items() if k in known and v is not None})
+
+    @property
+    def stdout_bytes(self) -> bytes:
+        exact = _b64(self.stdout_b64)
+        return exact if exact is not None else self.stdout.encode("utf-8")
+
+    @property
+    def stderr_bytes(self) -> bytes:
+        exact = _b64(self.stderr_b64)
+        return exact if exact is not None else self.stderr.encode("utf-8")
+
+    @property
+    def ok(self) -> bool:
+        """True when the command exited 0 and was not killed or timed out."""
+        return self.exit_code == 0 and not self.timed_out and self.signal is None
+
+    def to_dict(self) -> Dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass
+class StreamEvent:
+    """One event of a streamed command.
+
+    ``type`` is ``"stdout"``, ``"stderr"`` or ``"exit"``. Output events carry ``data`` (exact
+    bytes) and ``text`` (UTF-8, invalid sequences replaced); the ``exit`` event carries ``result``
+    (whose stdout/stderr are empty: the output came in the earlier events).
+    """
+
+    type: str
+    data: bytes = b""
+    text: str = ""
+    result: Optional[ShellResult] = None
+
+    @classmethod
+    def from_json(cls, doc: Dict[str, Any]) -> "StreamEvent":
+        kind = doc.get("type")
+        if kind in ("stdout", "stderr"):
+            text = doc.get("data") if isinstance(doc.get("data"), str) else ""
+            exact = _b64(doc.get("data_b64"))
+            return cls(type=kind, data=exact if exact is not None else text.encode("utf-8"), text=text)
+        if kind == "exit":
+            result = doc.get("result") if isinstance(doc.get("result"), dict) else {}
+            return cls(type="exit", result=ShellResult.from_json(result))
+        return cls(type=str(kind))
+
+
+@dataclass
+class FileInfo:
+    """A file's metadata inside a sandbox. ``kind`` is file, dir, symlink or other."""
+
+    path: str
+    name: str = ""
+    kind: str = "file"
+    size: int = 0
+    mode: int = 0
+    uid: int = 0
+    gid: int = 0
+    mtime: int = 0
+    link_target: Optional[str] = None
+
+    @classmethod
+    def from_json(cls, doc: Dict[str, Any]) -> "FileInfo":
+        known = {f.name for f in fields(cls)}
+        return cls(**{k: v for k, v in doc.items() if k in known and v is not None})
+
+    @property
+    def is_dir(self) -> bool:
+        return self.kind == "dir"
+
+    @property
+    def is_file(self) -> bool:
+        return self.kind == "file"
+
+
+@dataclass
+class ImageInfo:
+    """An image on a node."""
+
+    name: str
+    layers: List[Dict[str, Any]] = field(default_factory=list)
+    size_bytes: int = 0
+    created_at: str = ""
+    in_use: int = 0
+
+    @classmethod
+    def from_json(cls, doc: Dict[str, Any]) -> "ImageInfo":
+        known = {f.name for f in fields(cls)}
+        return cls(**{k: v for k, v in doc.items() if k in known and v is not None})
