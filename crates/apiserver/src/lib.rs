@@ -1,1 +1,154 @@
-//! The apiserver: the public HTTP API.
+//! The apiserver: the public HTTP API of dsec.
+//!
+//! It authenticates every `/v1` call with an API key (IAM in SQLite), places new sandboxes on
+//! an edge, and forwards every later call to the edge named by the node id inside the sandbox
+//! id (no lookup table). It reaches edges over HTTP only, even when they run in the same
+//! process, streaming bodies both ways. A watcher polls every edge's status.
+//!
+//! ```ignore
+//! let api = ApiServer::start(config).await?;
+//! println!("{}", api.url());
+//! if let Some(key) = api.bootstrap_key() { /* first start: the admin key, shown once */ }
+//! api.shutdown().await;
+//! ```
+
+pub mod auth;
+pub mod config;
+pub mod db;
+pub mod error;
+pub mod forward;
+pub mod metrics;
+pub mod placement;
+pub mod routes;
+pub mod watcher;
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::task::JoinHandle;
+
+pub use config::{ApiConfig, ConfigError, EdgeEndpoint};
+
+#[derive(Debug, thiserror::Error)]
+pub enum StartApiError {
+    #[error(transparent)]
+    Config(#[from] ConfigError),
+    #[error(transparent)]
+    Db(#[from] db::DbError),
+    #[error("build HTTP client: {0}")]
+    Http(#[from] reqwest::Error),
+    #[error("listen on {addr}: {source}")]
+    Bind {
+        addr: SocketAddr,
+        source: std::io::Error,
+    },
+}
+
+/// A running apiserver.
+pub struct ApiServer {
+    addr: SocketAddr,
+    bootstrap_key: Option<String>,
+    db: db::Db,
+    verifier: Arc<auth::KeyVerifier>,
+    watcher: watcher::Watcher,
+    http: reqwest::Client,
+    serve_task: JoinHandle<()>,
+    watch_task: JoinHandle<()>,
+}
+
+impl ApiServer {
+    /// Validates the config, opens IAM (creating the admin key on an empty database), starts
+    /// the watcher and serves on `config.listen`.
+    pub async fn start(config: ApiConfig) -> Result<ApiServer, StartApiError> {
+        config.validate()?;
+        let db = db::Db::open(&config.db_path)?;
+        let bootstrap_key = db.bootstrap()?;
+        let http = reqwest::Client::builder()
+            .connect_timeout(Duration::from_millis(config.edge_connect_timeout_ms))
+            .tcp_nodelay(true)
+            .pool_max_idle_per_host(256)
+            .build()?;
+        let metrics = Arc::new(metrics::Metrics::new());
+        let watcher = watcher::Watcher::new(&config.edges);
+        let verifier = Arc::new(auth::KeyVerifier::new(
+            db.clone(),
+            Duration::from_millis(config.key_cache_ms),
+        ));
+        let state = routes::AppState {
+            forwarder: forward::Forwarder::new(http.clone(), watcher.clone(), metrics.clone()),
+            verifier: verifier.clone(),
+            metrics,
+        };
+        let app = routes::router(state);
+        let listener = tokio::net::TcpListener::bind(config.listen)
+            .await
+            .map_err(|source| StartApiError::Bind {
+                addr: config.listen,
+                source,
+            })?;
+        let addr = listener
+            .local_addr()
+            .map_err(|source| StartApiError::Bind {
+                addr: config.listen,
+                source,
+            })?;
+        // First poll before serving, so node ids learned from edges are known right away.
+        watcher.poll_once(&http).await;
+        let watch_task = watcher.spawn(http.clone(), config.watcher_period());
+        let serve_task = tokio::spawn(async move {
+            if let Err(e) = axum::serve(listener, app).await {
+                tracing::error!(error = %e, "apiserver stopped serving");
+            }
+        });
+        tracing::info!(%addr, edges = config.edges.len(), "apiserver listening");
+        Ok(ApiServer {
+            addr,
+            bootstrap_key,
+            db,
+            verifier,
+            watcher,
+            http,
+            serve_task,
+            watch_task,
+        })
+    }
+
+    pub fn local_addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    /// `http://<addr>`.
+    pub fn url(&self) -> String {
+        format!("http://{}", self.addr)
+    }
+
+    /// The admin key created on this start (first start on an empty database only).
+    pub fn bootstrap_key(&self) -> Option<&str> {
+        self.bootstrap_key.as_deref()
+    }
+
+    /// True when `key` is a valid, unrevoked key.
+    pub async fn verify_key(&self, key: &str) -> bool {
+        self.verifier.verify(Some(key)).await.is_ok()
+    }
+
+    /// Issues a new key for the admin principal (e.g. when the stored plaintext was lost).
+    pub fn issue_admin_key(&self) -> Result<Option<String>, db::DbError> {
+        self.db.issue_key("admin")
+    }
+
+    /// Polls every edge now and says whether all of them are healthy.
+    pub async fn edges_healthy(&self) -> bool {
+        self.watcher.poll_once(&self.http).await;
+        self.watcher.snapshot().iter().all(|n| n.healthy)
+    }
+
+    /// Stops serving and polling.
+    pub async fn shutdown(self) {
+        self.serve_task.abort();
+        self.watch_task.abort();
+        let _ = self.serve_task.await;
+        let _ = self.watch_task.await;
+    }
+}

@@ -1,0 +1,160 @@
+//! Apiserver configuration: typed defaults, serde for TOML, one `validate()`.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+
+/// One edge the apiserver forwards to.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct EdgeEndpoint {
+    /// Node id (`[a-z0-9]{1,16}`). When absent it is learned from the edge's `/edge/v1/status`.
+    #[serde(default)]
+    pub node_id: Option<String>,
+    /// Base URL of the edge, e.g. `http://127.0.0.1:7481`.
+    pub url: String,
+    /// Bearer token of the edge.
+    pub token: String,
+}
+
+impl EdgeEndpoint {
+    /// Parses `URL[#token]` (the `--edge` command-line form).
+    pub fn parse(s: &str) -> Result<Self, ConfigError> {
+        let (url, token) = match s.split_once('#') {
+            Some((u, t)) => (u, t),
+            None => (s, ""),
+        };
+        let e = EdgeEndpoint {
+            node_id: None,
+            url: url.trim_end_matches('/').to_string(),
+            token: token.to_string(),
+        };
+        e.validate("edge")?;
+        Ok(e)
+    }
+
+    fn validate(&self, key: &str) -> Result<(), ConfigError> {
+        if !(self.url.starts_with("http://") || self.url.starts_with("https://")) {
+            return Err(ConfigError::Invalid {
+                key: format!("{key}.url"),
+                message: format!("{:?} must start with http:// or https://", self.url),
+            });
+        }
+        if let Some(node) = &self.node_id {
+            if !valid_node_id(node) {
+                return Err(ConfigError::Invalid {
+                    key: format!("{key}.node_id"),
+                    message: format!("{node:?} must match [a-z0-9]{{1,16}}"),
+                });
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Typed apiserver configuration.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct ApiConfig {
+    /// Address the public API listens on.
+    pub listen: SocketAddr,
+    /// SQLite database holding IAM (principals, API keys, projects).
+    pub db_path: PathBuf,
+    /// Edges to forward to.
+    pub edges: Vec<EdgeEndpoint>,
+    /// How often the watcher polls each edge, in milliseconds.
+    pub watcher_period_ms: u64,
+    /// How long a verified API key stays cached in memory, in milliseconds.
+    pub key_cache_ms: u64,
+    /// Timeout for connecting to an edge, in milliseconds.
+    pub edge_connect_timeout_ms: u64,
+}
+
+impl Default for ApiConfig {
+    fn default() -> Self {
+        ApiConfig {
+            listen: SocketAddr::from(([127, 0, 0, 1], 7480)),
+            db_path: PathBuf::from("/var/lib/dsec/apiserver.db"),
+            edges: Vec::new(),
+            watcher_period_ms: 1000,
+            key_cache_ms: 10_000,
+            edge_connect_timeout_ms: 3000,
+        }
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    #[error("invalid config key {key}: {message}")]
+    Invalid { key: String, message: String },
+}
+
+impl ApiConfig {
+    /// Checks every key; the error names the bad one.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        if self.edges.is_empty() {
+            return Err(ConfigError::Invalid {
+                key: "edges".into(),
+                message: "at least one edge is required".into(),
+            });
+        }
+        for (i, e) in self.edges.iter().enumerate() {
+            e.validate(&format!("edges[{i}]"))?;
+        }
+        if self.watcher_period_ms == 0 {
+            return Err(ConfigError::Invalid {
+                key: "watcher_period_ms".into(),
+                message: "must be > 0".into(),
+            });
+        }
+        if self.db_path.as_os_str().is_empty() {
+            return Err(ConfigError::Invalid {
+                key: "db_path".into(),
+                message: "must not be empty".into(),
+            });
+        }
+        Ok(())
+    }
+
+    pub fn watcher_period(&self) -> Duration {
+        Duration::from_millis(self.watcher_period_ms)
+    }
+}
+
+/// `[a-z0-9]{1,16}`, the node part of a sandbox id.
+pub fn valid_node_id(s: &str) -> bool {
+    !s.is_empty()
+        && s.len() <= 16
+        && s.bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_edge_with_token() {
+        let e = EdgeEndpoint::parse("http://127.0.0.1:9/#tok").unwrap();
+        assert_eq!(e.url, "http://127.0.0.1:9");
+        assert_eq!(e.token, "tok");
+        assert!(EdgeEndpoint::parse("127.0.0.1:9").is_err());
+    }
+
+    #[test]
+    fn validate_names_key() {
+        let c = ApiConfig::default();
+        let err = c.validate().unwrap_err().to_string();
+        assert!(err.contains("edges"), "{err}");
+        let mut c = ApiConfig::default();
+        c.edges.push(EdgeEndpoint {
+            node_id: Some("N0".into()),
+            url: "http://x".into(),
+            token: String::new(),
+        });
+        let err = c.validate().unwrap_err().to_string();
+        assert!(err.contains("edges[0].node_id"), "{err}");
+    }
+}

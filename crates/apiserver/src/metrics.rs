@@ -1,0 +1,75 @@
+//! Prometheus metrics of the apiserver.
+
+use prometheus::{
+    Encoder, HistogramOpts, HistogramVec, IntCounterVec, Opts, Registry, TextEncoder,
+};
+
+pub struct Metrics {
+    registry: Registry,
+    pub requests: IntCounterVec,
+    pub forward_seconds: HistogramVec,
+    pub forward_errors: IntCounterVec,
+}
+
+impl Metrics {
+    pub fn new() -> Self {
+        let registry = Registry::new();
+        let requests = IntCounterVec::new(
+            Opts::new(
+                "dsec_api_requests_total",
+                "API requests by route and status",
+            ),
+            &["method", "route", "status"],
+        )
+        .expect("static metric definition");
+        let forward_seconds = HistogramVec::new(
+            HistogramOpts::new(
+                "dsec_api_forward_seconds",
+                "Time until an edge's answer headers arrive, by route",
+            )
+            .buckets(vec![
+                0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0,
+                10.0, 30.0, 60.0,
+            ]),
+            &["route"],
+        )
+        .expect("static metric definition");
+        let forward_errors = IntCounterVec::new(
+            Opts::new(
+                "dsec_api_forward_errors_total",
+                "Forwards that could not reach an edge",
+            ),
+            &["node"],
+        )
+        .expect("static metric definition");
+        for c in [
+            Box::new(requests.clone()) as Box<dyn prometheus::core::Collector>,
+            Box::new(forward_seconds.clone()),
+            Box::new(forward_errors.clone()),
+        ] {
+            registry.register(c).expect("metric registered once");
+        }
+        Metrics {
+            registry,
+            requests,
+            forward_seconds,
+            forward_errors,
+        }
+    }
+
+    /// Prometheus text exposition.
+    pub fn render(&self) -> String {
+        let mut buf = Vec::new();
+        let enc = TextEncoder::new();
+        if let Err(e) = enc.encode(&self.registry.gather(), &mut buf) {
+            tracing::error!(error = %e, "encode metrics");
+        }
+        String::from_utf8(buf).unwrap_or_default()
+    }
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        Self::new()
+    }
+}

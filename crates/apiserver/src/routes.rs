@@ -1,0 +1,553 @@
+//! The `/v1` router. Handlers parse, call one forwarder/watcher method, map the result.
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use axum::body::Body;
+use axum::extract::rejection::PathRejection;
+use axum::extract::ws::rejection::WebSocketUpgradeRejection;
+use axum::extract::ws::WebSocketUpgrade;
+use axum::extract::{MatchedPath, Path, Request, State};
+use axum::http::{header, HeaderMap, Method, StatusCode, Uri};
+use axum::middleware::{self, Next};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{any, delete, get, post, put};
+use axum::Router;
+use dsec_wire::api::{limits, CreateSandboxRequest, NodeList, NodeStatus, SandboxList};
+use tracing::Instrument;
+
+use crate::auth::{bearer, KeyVerifier};
+use crate::error::{error_response, ApiError};
+use crate::forward::{pump_ws, ForwardBody, Forwarder};
+use crate::metrics::Metrics;
+use crate::placement;
+
+/// Shared state of every handler.
+#[derive(Clone)]
+pub struct AppState {
+    pub forwarder: Forwarder,
+    pub verifier: Arc<KeyVerifier>,
+    pub metrics: Arc<Metrics>,
+}
+
+/// The hand-written OpenAPI document.
+pub const OPENAPI: &str = include_str!("../openapi.json");
+
+/// Builds the whole router.
+pub fn router(state: AppState) -> Router {
+    let v1 = Router::new()
+        .route("/v1/sandboxes", post(create_sandbox).get(list_sandboxes))
+        .route(
+            "/v1/sandboxes/{id}",
+            get(sandbox_simple).delete(sandbox_simple),
+        )
+        .route("/v1/sandboxes/{id}/shell", post(sandbox_json))
+        .route("/v1/sandboxes/{id}/exec", post(sandbox_json))
+        .route(
+            "/v1/sandboxes/{id}/sessions/{name}",
+            delete(sandbox_simple2),
+        )
+        .route(
+            "/v1/sandboxes/{id}/files",
+            put(sandbox_stream)
+                .get(sandbox_simple)
+                .delete(sandbox_simple),
+        )
+        .route("/v1/sandboxes/{id}/files/list", get(sandbox_simple))
+        .route("/v1/sandboxes/{id}/files/stat", get(sandbox_simple))
+        .route("/v1/sandboxes/{id}/files/mkdir", post(sandbox_simple))
+        .route("/v1/sandboxes/{id}/tty", get(tty))
+        // Routes added to the edge later (pause, network rules, trajectory, ...) pass through.
+        .route("/v1/sandboxes/{id}/{*rest}", any(sandbox_stream_rest))
+        .route("/v1/images", get(images_simple))
+        .route(
+            "/v1/images/{*name}",
+            put(images_stream).delete(images_simple),
+        )
+        .route("/v1/nodes", get(nodes))
+        .route_layer(middleware::from_fn_with_state(state.clone(), require_key));
+    Router::new()
+        .merge(v1)
+        .route("/openapi.json", get(openapi))
+        .route("/healthz", get(|| async { "ok\n" }))
+        .route("/metrics", get(metrics))
+        .fallback(not_found)
+        .method_not_allowed_fallback(method_not_allowed)
+        .layer(middleware::from_fn_with_state(state.clone(), observe))
+        .with_state(state)
+}
+
+async fn not_found(uri: Uri) -> Response {
+    error_response(
+        dsec_wire::api::codes::NOT_FOUND,
+        format!("no route {}; see GET /openapi.json", uri.path()),
+    )
+}
+
+async fn method_not_allowed(method: Method, uri: Uri) -> Response {
+    let mut r = error_response(
+        dsec_wire::api::codes::BAD_REQUEST,
+        format!(
+            "method {method} is not allowed on {}; see GET /openapi.json",
+            uri.path()
+        ),
+    );
+    *r.status_mut() = StatusCode::METHOD_NOT_ALLOWED;
+    r
+}
+
+/// The sandbox id in a `/v1/sandboxes/{id}...` path, for spans.
+fn sandbox_id_of(path: &str) -> &str {
+    path.strip_prefix("/v1/sandboxes/")
+        .map(|r| r.split('/').next().unwrap_or(""))
+        .unwrap_or("")
+}
+
+/// Span per request; request counter by route and status.
+async fn observe(State(st): State<AppState>, req: Request, next: Next) -> Response {
+    let route = req
+        .extensions()
+        .get::<MatchedPath>()
+        .map(|m| m.as_str().to_string())
+        .unwrap_or_else(|| "unmatched".to_string());
+    let method = req.method().clone();
+    let sandbox = sandbox_id_of(req.uri().path()).to_string();
+    let span = tracing::info_span!("request", %method, route = %route, sandbox_id = %sandbox);
+    let started = Instant::now();
+    let resp = next.run(req).instrument(span.clone()).await;
+    let status = resp.status();
+    st.metrics
+        .requests
+        .with_label_values(&[method.as_str(), &route, status.as_str()])
+        .inc();
+    span.in_scope(|| {
+        tracing::debug!(
+            status = status.as_u16(),
+            ms = started.elapsed().as_secs_f64() * 1e3,
+            "answered"
+        )
+    });
+    resp
+}
+
+/// Requires a valid API key on every `/v1` route.
+async fn require_key(State(st): State<AppState>, req: Request, next: Next) -> Response {
+    let value = req
+        .headers()
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok());
+    match st.verifier.verify(bearer(value)).await {
+        Ok(principal) => {
+            let mut req = req;
+            req.extensions_mut().insert(principal);
+            next.run(req).await
+        }
+        Err(e) => e.into_response(),
+    }
+}
+
+fn path_and_query(uri: &Uri) -> &str {
+    uri.path_and_query()
+        .map(|p| p.as_str())
+        .unwrap_or(uri.path())
+}
+
+fn route_of(m: &Option<MatchedPath>) -> String {
+    m.as_ref()
+        .map(|m| m.as_str().to_string())
+        .unwrap_or_default()
+}
+
+fn sandbox_id(p: Result<Path<String>, PathRejection>) -> Result<String, ApiError> {
+    p.map(|Path(id)| id)
+        .map_err(|e| ApiError::BadRequest(e.body_text()))
+}
+
+/// Reads a JSON body up to `limits::MAX_JSON_BODY` (413 past it).
+async fn read_json_body(headers: &HeaderMap, body: Body) -> Result<bytes::Bytes, ApiError> {
+    let too_large = || {
+        ApiError::PayloadTooLarge(format!(
+            "request body is larger than the {} byte limit for JSON requests",
+            limits::MAX_JSON_BODY
+        ))
+    };
+    if let Some(len) = headers
+        .get(header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<u64>().ok())
+    {
+        if len > limits::MAX_JSON_BODY as u64 {
+            return Err(too_large());
+        }
+    }
+    axum::body::to_bytes(body, limits::MAX_JSON_BODY)
+        .await
+        .map_err(|e| {
+            if format!("{e:?}").contains("LengthLimit") || e.to_string().contains("length limit") {
+                too_large()
+            } else {
+                ApiError::BadRequest(format!("read request body: {e}"))
+            }
+        })
+}
+
+async fn create_sandbox(
+    State(st): State<AppState>,
+    matched: Option<MatchedPath>,
+    method: Method,
+    uri: Uri,
+    headers: HeaderMap,
+    body: Body,
+) -> Result<Response, ApiError> {
+    let bytes = read_json_body(&headers, body).await?;
+    let req: CreateSandboxRequest = serde_json::from_slice(&bytes)
+        .map_err(|e| ApiError::BadRequest(format!("invalid create request: {e}")))?;
+    let candidates = placement::candidates(&st.forwarder.watcher().snapshot(), &req);
+    if candidates.is_empty() {
+        return Err(ApiError::NodeUnavailable(
+            "no healthy edge to place the sandbox on; see GET /v1/nodes".into(),
+        ));
+    }
+    let route = route_of(&matched);
+    let mut last: Option<Response> = None;
+    let mut last_err: Option<ApiError> = None;
+    for edge in &candidates {
+        match st
+            .forwarder
+            .send(
+                edge,
+                method.clone(),
+                path_and_query(&uri),
+                &headers,
+                ForwardBody::Bytes(bytes.clone()),
+                &route,
+            )
+            .await
+        {
+            // A full node refuses at admission: try the next candidate.
+            Ok(resp) if resp.status() == StatusCode::SERVICE_UNAVAILABLE => {
+                last = Some(crate::forward::into_response(resp));
+            }
+            Ok(resp) => return Ok(crate::forward::into_response(resp)),
+            Err(e) => last_err = Some(e),
+        }
+    }
+    match (last, last_err) {
+        (Some(r), _) => Ok(r),
+        (None, Some(e)) => Err(e),
+        (None, None) => Err(ApiError::NodeUnavailable("no edge answered".into())),
+    }
+}
+
+async fn list_sandboxes(State(st): State<AppState>, uri: Uri) -> Result<Response, ApiError> {
+    let endpoints = st.forwarder.watcher().endpoints();
+    let query = uri.query().map(|q| format!("?{q}")).unwrap_or_default();
+    let http = st.forwarder.http().clone();
+    let calls = endpoints.iter().map(|e| {
+        let http = http.clone();
+        let url = format!("{}/edge/v1/sandboxes{query}", e.url);
+        async move {
+            let r = http.get(&url).bearer_auth(&e.token).send().await;
+            match r {
+                Ok(r) if r.status().is_success() => r
+                    .json::<SandboxList>()
+                    .await
+                    .map_err(|err| format!("decode {url}: {err}")),
+                Ok(r) => Err(format!("{url}: {}", r.status())),
+                Err(err) => Err(format!("{url}: {err}")),
+            }
+        }
+    });
+    let results = futures::future::join_all(calls).await;
+    let mut all = Vec::new();
+    let mut failed = Vec::new();
+    for (e, r) in endpoints.iter().zip(results) {
+        match r {
+            Ok(list) => all.extend(list.sandboxes),
+            Err(err) => {
+                tracing::warn!(error = %err, "list sandboxes on edge");
+                failed.push(e.node_id.clone().unwrap_or_else(|| e.url.clone()));
+            }
+        }
+    }
+    if !endpoints.is_empty() && failed.len() == endpoints.len() {
+        return Err(ApiError::NodeUnavailable(format!(
+            "no edge answered the list ({})",
+            failed.join(", ")
+        )));
+    }
+    let mut resp = axum::Json(SandboxList { sandboxes: all }).into_response();
+    if !failed.is_empty() {
+        if let Ok(v) = failed.join(",").parse() {
+            resp.headers_mut().insert("x-dsec-partial", v);
+        }
+    }
+    Ok(resp)
+}
+
+async fn forward_sandbox(
+    st: &AppState,
+    id: &str,
+    matched: &Option<MatchedPath>,
+    method: Method,
+    uri: &Uri,
+    headers: &HeaderMap,
+    body: ForwardBody,
+) -> Result<Response, ApiError> {
+    let edge = st.forwarder.edge_for_sandbox(id)?;
+    st.forwarder
+        .forward(
+            &edge,
+            method,
+            path_and_query(uri),
+            headers,
+            body,
+            &route_of(matched),
+        )
+        .await
+}
+
+/// GET/DELETE-style sandbox routes with no request body.
+async fn sandbox_simple(
+    State(st): State<AppState>,
+    id: Result<Path<String>, PathRejection>,
+    matched: Option<MatchedPath>,
+    method: Method,
+    uri: Uri,
+    headers: HeaderMap,
+) -> Result<Response, ApiError> {
+    let id = sandbox_id(id)?;
+    forward_sandbox(
+        &st,
+        &id,
+        &matched,
+        method,
+        &uri,
+        &headers,
+        ForwardBody::Empty,
+    )
+    .await
+}
+
+async fn sandbox_simple2(
+    State(st): State<AppState>,
+    p: Result<Path<(String, String)>, PathRejection>,
+    matched: Option<MatchedPath>,
+    method: Method,
+    uri: Uri,
+    headers: HeaderMap,
+) -> Result<Response, ApiError> {
+    let Path((id, _)) = p.map_err(|e| ApiError::BadRequest(e.body_text()))?;
+    forward_sandbox(
+        &st,
+        &id,
+        &matched,
+        method,
+        &uri,
+        &headers,
+        ForwardBody::Empty,
+    )
+    .await
+}
+
+/// Shell and exec: JSON bodies, size-limited here.
+async fn sandbox_json(
+    State(st): State<AppState>,
+    id: Result<Path<String>, PathRejection>,
+    matched: Option<MatchedPath>,
+    method: Method,
+    uri: Uri,
+    headers: HeaderMap,
+    body: Body,
+) -> Result<Response, ApiError> {
+    let id = sandbox_id(id)?;
+    // Route first so a malformed id is a 404 whatever the body.
+    st.forwarder.edge_for_sandbox(&id)?;
+    let bytes = read_json_body(&headers, body).await?;
+    forward_sandbox(
+        &st,
+        &id,
+        &matched,
+        method,
+        &uri,
+        &headers,
+        ForwardBody::Bytes(bytes),
+    )
+    .await
+}
+
+/// File uploads: streamed.
+async fn sandbox_stream(
+    State(st): State<AppState>,
+    id: Result<Path<String>, PathRejection>,
+    matched: Option<MatchedPath>,
+    method: Method,
+    uri: Uri,
+    headers: HeaderMap,
+    body: Body,
+) -> Result<Response, ApiError> {
+    let id = sandbox_id(id)?;
+    forward_sandbox(
+        &st,
+        &id,
+        &matched,
+        method,
+        &uri,
+        &headers,
+        ForwardBody::Stream(body),
+    )
+    .await
+}
+
+async fn sandbox_stream_rest(
+    State(st): State<AppState>,
+    p: Result<Path<(String, String)>, PathRejection>,
+    matched: Option<MatchedPath>,
+    method: Method,
+    uri: Uri,
+    headers: HeaderMap,
+    body: Body,
+) -> Result<Response, ApiError> {
+    let Path((id, _)) = p.map_err(|e| ApiError::BadRequest(e.body_text()))?;
+    forward_sandbox(
+        &st,
+        &id,
+        &matched,
+        method,
+        &uri,
+        &headers,
+        ForwardBody::Stream(body),
+    )
+    .await
+}
+
+async fn tty(
+    State(st): State<AppState>,
+    id: Result<Path<String>, PathRejection>,
+    uri: Uri,
+    upgrade: Result<WebSocketUpgrade, WebSocketUpgradeRejection>,
+) -> Response {
+    let id = match sandbox_id(id) {
+        Ok(id) => id,
+        Err(e) => return e.into_response(),
+    };
+    let edge = match st.forwarder.edge_for_sandbox(&id) {
+        Ok(e) => e,
+        Err(e) => return e.into_response(),
+    };
+    let upgrade = match upgrade {
+        Ok(u) => u,
+        Err(e) => {
+            return ApiError::BadRequest(format!(
+                "the tty route needs a WebSocket upgrade: {}",
+                e.body_text()
+            ))
+            .into_response()
+        }
+    };
+    // Connect to the edge first so its refusal (unknown sandbox, ...) reaches the caller as is.
+    let edge_socket = match st.forwarder.connect_tty(&edge, path_and_query(&uri)).await {
+        Ok(s) => s,
+        Err(resp) => return resp,
+    };
+    let span = tracing::info_span!("tty", sandbox_id = %id);
+    upgrade.on_upgrade(move |socket| pump_ws(socket, edge_socket).instrument(span))
+}
+
+async fn images_simple(
+    State(st): State<AppState>,
+    matched: Option<MatchedPath>,
+    method: Method,
+    uri: Uri,
+    headers: HeaderMap,
+) -> Result<Response, ApiError> {
+    let edge = image_edge(&st)?;
+    st.forwarder
+        .forward(
+            &edge,
+            method,
+            path_and_query(&uri),
+            &headers,
+            ForwardBody::Empty,
+            &route_of(&matched),
+        )
+        .await
+}
+
+async fn images_stream(
+    State(st): State<AppState>,
+    matched: Option<MatchedPath>,
+    method: Method,
+    uri: Uri,
+    headers: HeaderMap,
+    body: Body,
+) -> Result<Response, ApiError> {
+    let edge = image_edge(&st)?;
+    st.forwarder
+        .forward(
+            &edge,
+            method,
+            path_and_query(&uri),
+            &headers,
+            ForwardBody::Stream(body),
+            &route_of(&matched),
+        )
+        .await
+}
+
+/// Images live on the (single) first edge until the cluster issue distributes them.
+fn image_edge(st: &AppState) -> Result<crate::config::EdgeEndpoint, ApiError> {
+    st.forwarder
+        .watcher()
+        .first_endpoint()
+        .ok_or_else(|| ApiError::NodeUnavailable("no edge is configured".into()))
+}
+
+async fn nodes(State(st): State<AppState>) -> axum::Json<NodeList> {
+    let nodes = st
+        .forwarder
+        .watcher()
+        .snapshot()
+        .into_iter()
+        .map(|v| {
+            let mut s = v.status.unwrap_or_else(|| NodeStatus {
+                node: v.node_id.clone().unwrap_or_default(),
+                url: v.endpoint.url.clone(),
+                ..Default::default()
+            });
+            s.healthy = v.healthy;
+            s
+        })
+        .collect();
+    axum::Json(NodeList { nodes })
+}
+
+async fn openapi() -> Response {
+    ([(header::CONTENT_TYPE, "application/json")], OPENAPI).into_response()
+}
+
+async fn metrics(State(st): State<AppState>) -> Response {
+    (
+        [(header::CONTENT_TYPE, "text/plain; version=0.0.4")],
+        st.metrics.render(),
+    )
+        .into_response()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sandbox_id_from_path() {
+        assert_eq!(sandbox_id_of("/v1/sandboxes/sb-n0-1/files"), "sb-n0-1");
+        assert_eq!(sandbox_id_of("/v1/sandboxes/sb-n0-1"), "sb-n0-1");
+        assert_eq!(sandbox_id_of("/v1/images"), "");
+    }
+
+    #[test]
+    fn openapi_is_json() {
+        let v: serde_json::Value = serde_json::from_str(OPENAPI).unwrap();
+        assert_eq!(v["openapi"].as_str().map(|s| &s[..2]), Some("3."));
+    }
+}
