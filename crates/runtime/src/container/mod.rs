@@ -1,0 +1,606 @@
+//! The container substrate: our own runtime on namespaces, cgroups and overlayfs.
+//!
+//! Creating a container (host side, this module):
+//! 1. create the sandbox's cgroups and apply limits ([`crate::cgroup`]);
+//! 2. make `upper/`, `work/`, `rootfs/` under the sandbox dir;
+//! 3. `clone3` a child into new mount, pid, net, ipc, uts namespaces (with a pidfd); the child
+//!    joins the cgroups, unshares its cgroup namespace, puts the channel socket on fd 3 and
+//!    execs the static aether binary — nothing else runs between clone and exec ([`spawn`]);
+//! 4. send `Setup` over the channel; aether (now PID 1) mounts the overlay, pivots, masks,
+//!    drops privileges and answers `Ready`.
+//!
+//! The overlay and every other mount live only in the sandbox's mount namespace, so they vanish
+//! with its last process; the host keeps nothing mounted for a container.
+
+pub mod masks;
+pub mod pidfd;
+pub mod spawn;
+
+use std::io;
+use std::os::fd::{AsFd, OwnedFd};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use dsec_wire::aether::{ContainerSetup, Reply, Request};
+use tokio::sync::watch;
+
+use crate::aether_client::{AetherClient, ChannelError};
+use crate::cgroup::{Cgroup, CgroupRoot, Limits};
+use crate::substrate::{
+    CreateSandboxError, DestroySandboxError, Sandbox, SandboxSpec, Substrate, Usage,
+};
+
+pub use pidfd::AetherExit;
+
+/// How long aether may take to answer `Setup`.
+pub const SETUP_TIMEOUT: Duration = Duration::from_secs(10);
+/// How long aether gets to exit after `Shutdown` before it is killed.
+pub const SHUTDOWN_GRACE: Duration = Duration::from_millis(100);
+/// How long to wait for a killed aether to be reaped.
+const KILL_WAIT: Duration = Duration::from_secs(10);
+
+/// Configuration of the container substrate.
+#[derive(Debug, Clone)]
+pub struct ContainerConfig {
+    /// Path of the static aether binary on the host.
+    pub aether_path: PathBuf,
+    /// cgroup path below each controller's root, e.g. `dsec/n0`.
+    pub cgroup_parent: String,
+    /// Size of the sandbox's /dev/shm in MiB.
+    pub shm_mb: u64,
+}
+
+/// Runs sandboxes as containers.
+#[derive(Debug, Clone)]
+pub struct ContainerSubstrate {
+    config: ContainerConfig,
+    cgroup_root: CgroupRoot,
+    masked_paths: Vec<String>,
+    readonly_paths: Vec<String>,
+}
+
+impl ContainerSubstrate {
+    /// A substrate using the host's cgroup hierarchy at `/sys/fs/cgroup` and the default masks.
+    pub fn new(config: ContainerConfig) -> Self {
+        Self::with_cgroup_root(config, CgroupRoot::detect())
+    }
+
+    pub fn with_cgroup_root(config: ContainerConfig, cgroup_root: CgroupRoot) -> Self {
+        ContainerSubstrate {
+            config,
+            cgroup_root,
+            masked_paths: masks::MASKED_PATHS.iter().map(|s| s.to_string()).collect(),
+            readonly_paths: masks::READONLY_PATHS
+                .iter()
+                .map(|s| s.to_string())
+                .collect(),
+        }
+    }
+
+    /// Adds paths masked inside every container (on top of the defaults).
+    pub fn mask_more(mut self, paths: impl IntoIterator<Item = String>) -> Self {
+        self.masked_paths.extend(paths);
+        self
+    }
+
+    pub fn config(&self) -> &ContainerConfig {
+        &self.config
+    }
+
+    pub fn cgroup_root(&self) -> &CgroupRoot {
+        &self.cgroup_root
+    }
+
+    /// The cgroup a sandbox with this id has (or had) on this host.
+    pub fn cgroup_of(&self, id: &str) -> Result<Cgroup, crate::cgroup::CgroupError> {
+        Cgroup::open(&self.cgroup_root, &self.config.cgroup_parent, id)
+    }
+
+    fn setup_for(
+        &self,
+        spec: &SandboxSpec,
+        dirs: &SandboxDirs,
+    ) -> Result<ContainerSetup, CreateSandboxError> {
+        let s = |p: &Path| {
+            p.to_str().map(str::to_string).ok_or_else(|| {
+                CreateSandboxError::InvalidSpec(format!("path is not UTF-8: {}", p.display()))
+            })
+        };
+        Ok(ContainerSetup {
+            sandbox_id: spec.id.clone(),
+            hostname: spec.hostname.clone(),
+            lowers: spec.lowers.iter().map(|p| s(p)).collect::<Result<_, _>>()?,
+            upper: s(&dirs.upper)?,
+            work: s(&dirs.work)?,
+            rootfs: s(&dirs.rootfs)?,
+            masked_paths: self.masked_paths.clone(),
+            readonly_paths: self.readonly_paths.clone(),
+            user: spec.user.clone(),
+            env: spec.env.clone(),
+            shm_mb: self.config.shm_mb,
+            reattach_grace_ms: 0,
+        })
+    }
+
+    /// Everything after the cgroup exists. On error, returns what must be rolled back.
+    async fn start(
+        &self,
+        spec: &SandboxSpec,
+        cgroup: &Cgroup,
+        dirs: &SandboxDirs,
+    ) -> Result<Started, (CreateSandboxError, Option<Process>)> {
+        let setup = self.setup_for(spec, dirs).map_err(|e| (e, None))?;
+        dirs.create()
+            .map_err(|e| (CreateSandboxError::Spawn(e), None))?;
+        let (ours, theirs) = std::os::unix::net::UnixStream::pair()
+            .map_err(|e| (CreateSandboxError::Spawn(e), None))?;
+        let aether = self.config.aether_path.clone();
+        let procs = cgroup.procs_files();
+        let spawned = tokio::task::spawn_blocking(move || {
+            let r = spawn::spawn_aether(&aether, &procs, theirs.as_fd());
+            drop(theirs);
+            r
+        })
+        .await
+        .map_err(|e| (CreateSandboxError::Spawn(io::Error::other(e)), None))?
+        .map_err(|e| (CreateSandboxError::Spawn(e), None))?;
+        let pidfd = Arc::new(spawned.pidfd);
+        // The watcher reaps aether; without it we must reap by hand.
+        let exit = match pidfd::watch_exit(&pidfd) {
+            Ok(rx) => rx,
+            Err(e) => {
+                let _ = pidfd::send_signal(pidfd.as_fd(), libc::SIGKILL);
+                let _ = pidfd::wait_blocking(pidfd.as_fd());
+                return Err((CreateSandboxError::Spawn(e), None));
+            }
+        };
+        let process = Process {
+            pid: spawned.pid,
+            pidfd,
+            exit,
+        };
+        let stream = ours
+            .set_nonblocking(true)
+            .and_then(|()| tokio::net::UnixStream::from_std(ours))
+            .map_err(|e| (CreateSandboxError::Spawn(e), Some(process.clone())))?;
+        let client = AetherClient::new(stream);
+        let answer = tokio::time::timeout(
+            SETUP_TIMEOUT,
+            client.request(Request::Setup(setup), Bytes::new()),
+        )
+        .await;
+        let err = match answer {
+            Ok(Ok((Reply::Ready { .. }, _))) => return Ok(Started { process, client }),
+            Ok(Ok((other, _))) => format!("unexpected answer to Setup: {other:?}"),
+            Ok(Err(ChannelError::Aether(e))) => e.message,
+            Ok(Err(e)) => match process.exit_status() {
+                Some(exit) => format!("{e} (aether ended: {exit:?})"),
+                None => e.to_string(),
+            },
+            Err(_) => format!("no answer to Setup within {} s", SETUP_TIMEOUT.as_secs()),
+        };
+        Err((CreateSandboxError::Setup(err), Some(process)))
+    }
+}
+
+struct Started {
+    process: Process,
+    client: AetherClient,
+}
+
+/// The sandbox's init process as the host sees it.
+#[derive(Clone)]
+struct Process {
+    pid: i32,
+    pidfd: Arc<OwnedFd>,
+    exit: watch::Receiver<Option<AetherExit>>,
+}
+
+impl Process {
+    fn exit_status(&self) -> Option<AetherExit> {
+        *self.exit.borrow()
+    }
+
+    async fn wait(&self, limit: Duration) -> Option<AetherExit> {
+        let mut rx = self.exit.clone();
+        let waited = tokio::time::timeout(limit, async {
+            rx.wait_for(|e| e.is_some()).await.map(|v| *v)
+        })
+        .await;
+        match waited {
+            Ok(Ok(v)) => v,
+            _ => self.exit_status(),
+        }
+    }
+
+    /// SIGKILLs the process (and so its whole pid namespace) and waits until it is reaped.
+    async fn kill(&self) -> Result<AetherExit, String> {
+        pidfd::send_signal(self.pidfd.as_fd(), libc::SIGKILL)
+            .map_err(|e| format!("kill aether (pid {}): {e}", self.pid))?;
+        self.wait(KILL_WAIT)
+            .await
+            .ok_or_else(|| format!("aether (pid {}) did not exit after SIGKILL", self.pid))
+    }
+}
+
+/// The per-sandbox directories this substrate owns (below the edge's sandbox dir).
+#[derive(Debug, Clone)]
+struct SandboxDirs {
+    upper: PathBuf,
+    work: PathBuf,
+    rootfs: PathBuf,
+}
+
+impl SandboxDirs {
+    fn new(dir: &Path) -> Self {
+        SandboxDirs {
+            upper: dir.join("upper"),
+            work: dir.join("work"),
+            rootfs: dir.join("rootfs"),
+        }
+    }
+
+    fn all(&self) -> [&Path; 3] {
+        [&self.upper, &self.work, &self.rootfs]
+    }
+
+    fn create(&self) -> io::Result<()> {
+        for d in self.all() {
+            std::fs::create_dir_all(d)
+                .map_err(|e| io::Error::new(e.kind(), format!("create {}: {e}", d.display())))?;
+        }
+        Ok(())
+    }
+
+    /// Removes the three dirs; missing ones are fine.
+    fn remove(&self) -> Result<(), (PathBuf, io::Error)> {
+        for d in self.all() {
+            match std::fs::remove_dir_all(d) {
+                Ok(()) => {}
+                Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+                Err(e) => return Err((d.to_path_buf(), e)),
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Checks a spec before anything is built.
+pub fn validate_spec(spec: &SandboxSpec) -> Result<(), CreateSandboxError> {
+    let bad = |m: String| Err(CreateSandboxError::InvalidSpec(m));
+    if !dsec_wire::id::is_valid_sandbox_id(&spec.id) {
+        return bad(format!("malformed sandbox id {:?}", spec.id));
+    }
+    let h = &spec.hostname;
+    if h.is_empty()
+        || h.len() > 64
+        || !h
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'.')
+    {
+        return bad(format!(
+            "hostname {h:?} must be 1-64 characters of letters, digits, '-' and '.'"
+        ));
+    }
+    if spec.lowers.is_empty() {
+        return bad("at least one lower layer is required".into());
+    }
+    for l in &spec.lowers {
+        let s = l.to_string_lossy();
+        if !l.is_absolute() || s.contains([':', ',', '\\']) || s.contains('\0') {
+            return bad(format!(
+                "lower layer path {s:?} must be absolute and free of ':' ',' '\\'"
+            ));
+        }
+        if !l.is_dir() {
+            return bad(format!("lower layer {s:?} is not a directory"));
+        }
+    }
+    if !spec.dir.is_absolute() {
+        return bad(format!(
+            "sandbox dir {} must be absolute",
+            spec.dir.display()
+        ));
+    }
+    let ds = spec.dir.to_string_lossy();
+    if ds.contains([':', ',', '\\']) {
+        return bad(format!("sandbox dir {ds:?} must not contain ':' ',' '\\'"));
+    }
+    if !(spec.cpu_cores_limit.is_finite() && spec.cpu_cores_limit >= 0.0) {
+        return bad(format!(
+            "cpu_cores_limit {} must be a non-negative number",
+            spec.cpu_cores_limit
+        ));
+    }
+    if spec.memory_limit_mb > (1 << 40) {
+        return bad(format!(
+            "memory_limit_mb {} is too large",
+            spec.memory_limit_mb
+        ));
+    }
+    if spec.user.contains('\0') {
+        return bad("user contains a NUL byte".into());
+    }
+    for (k, v) in &spec.env {
+        if k.is_empty() || k.contains(['=', '\0']) || v.contains('\0') {
+            return bad(format!("bad environment variable name or value: {k:?}"));
+        }
+    }
+    Ok(())
+}
+
+impl Substrate for ContainerSubstrate {
+    type Sandbox = ContainerSandbox;
+
+    fn name(&self) -> &'static str {
+        "container"
+    }
+
+    async fn create(&self, spec: SandboxSpec) -> Result<ContainerSandbox, CreateSandboxError> {
+        validate_spec(&spec)?;
+        let id = spec.id.clone();
+        let limits = Limits {
+            memory_bytes: spec.memory_limit_mb.saturating_mul(1 << 20),
+            cpu_cores: spec.cpu_cores_limit,
+            pids: spec.pids_limit,
+        };
+        let root = self.cgroup_root.clone();
+        let parent = self.config.cgroup_parent.clone();
+        let cg_id = id.clone();
+        let cgroup =
+            tokio::task::spawn_blocking(move || Cgroup::create(&root, &parent, &cg_id, &limits))
+                .await
+                .map_err(|e| CreateSandboxError::Cgroup {
+                    id: id.clone(),
+                    source: io::Error::other(e),
+                })?
+                .map_err(|e| CreateSandboxError::Cgroup {
+                    id: id.clone(),
+                    source: io::Error::other(e),
+                })?;
+        let dirs = SandboxDirs::new(&spec.dir);
+        match self.start(&spec, &cgroup, &dirs).await {
+            Ok(Started { process, client }) => {
+                tracing::info!(sandbox = %id, pid = process.pid, "container started");
+                Ok(ContainerSandbox {
+                    id,
+                    process,
+                    client,
+                    cgroup,
+                    dirs,
+                })
+            }
+            Err((error, process)) => {
+                tracing::warn!(sandbox = %id, error = %error, "container create failed, rolling back");
+                let mut cleanup = Vec::new();
+                if let Some(p) = process {
+                    if let Err(e) = p.kill().await {
+                        cleanup.push(e);
+                    }
+                }
+                if let Err(e) = teardown(cgroup, dirs).await {
+                    cleanup.push(e);
+                }
+                if cleanup.is_empty() {
+                    Err(error)
+                } else {
+                    Err(CreateSandboxError::WithCleanup {
+                        id,
+                        error: Box::new(error),
+                        cleanup: cleanup.join("; "),
+                    })
+                }
+            }
+        }
+    }
+
+    async fn destroy(&self, sb: &ContainerSandbox) -> Result<(), DestroySandboxError> {
+        let p = &sb.process;
+        if p.exit_status().is_none() && !sb.client.is_closed() {
+            // Polite first: aether kills its sessions and exits.
+            let _ = tokio::time::timeout(SHUTDOWN_GRACE, async {
+                let _ = sb.client.request(Request::Shutdown, Bytes::new()).await;
+                p.wait(SHUTDOWN_GRACE).await
+            })
+            .await;
+        }
+        let io_err = |what: &str, e: String| DestroySandboxError::Io {
+            id: sb.id.clone(),
+            what: what.to_string(),
+            source: io::Error::other(e),
+        };
+        p.kill().await.map_err(|e| io_err("kill aether", e))?;
+        teardown(sb.cgroup.clone(), sb.dirs.clone())
+            .await
+            .map_err(|e| io_err("remove cgroup and dirs", e))?;
+        tracing::info!(sandbox = %sb.id, "container destroyed");
+        Ok(())
+    }
+
+    async fn reap_orphans(&self, known_live: &[String]) -> Vec<String> {
+        let root = self.cgroup_root.clone();
+        let parent = self.config.cgroup_parent.clone();
+        let live: Vec<String> = known_live.to_vec();
+        let reaped = tokio::task::spawn_blocking(move || {
+            let names = match Cgroup::list(&root, &parent) {
+                Ok(n) => n,
+                Err(e) => {
+                    tracing::warn!(error = %e, "list sandbox cgroups");
+                    return Vec::new();
+                }
+            };
+            let mut reaped = Vec::new();
+            for name in names {
+                if live.contains(&name) || !dsec_wire::id::is_valid_sandbox_id(&name) {
+                    continue;
+                }
+                match Cgroup::open(&root, &parent, &name).and_then(|cg| cg.destroy()) {
+                    Ok(()) => reaped.push(name),
+                    Err(e) => {
+                        tracing::warn!(sandbox = %name, error = %e, "reap orphaned sandbox cgroup")
+                    }
+                }
+            }
+            reaped
+        })
+        .await;
+        reaped.unwrap_or_default()
+    }
+}
+
+/// Destroys the cgroup (killing stragglers) and removes the sandbox's dirs.
+async fn teardown(cgroup: Cgroup, dirs: SandboxDirs) -> Result<(), String> {
+    tokio::task::spawn_blocking(move || {
+        let mut errs = Vec::new();
+        if let Err(e) = cgroup.destroy() {
+            errs.push(format!("destroy cgroup: {e}"));
+        }
+        if let Err((d, e)) = dirs.remove() {
+            errs.push(format!("remove {}: {e}", d.display()));
+        }
+        if errs.is_empty() {
+            Ok(())
+        } else {
+            Err(errs.join("; "))
+        }
+    })
+    .await
+    .map_err(|e| format!("teardown task: {e}"))?
+}
+
+/// A running container.
+pub struct ContainerSandbox {
+    id: String,
+    process: Process,
+    client: AetherClient,
+    cgroup: Cgroup,
+    dirs: SandboxDirs,
+}
+
+impl ContainerSandbox {
+    /// Resolves when aether has exited (and was reaped), with how it ended.
+    pub fn exited(&self) -> impl std::future::Future<Output = AetherExit> + Send + 'static {
+        let mut rx = self.process.exit.clone();
+        async move {
+            match rx.wait_for(|e| e.is_some()).await {
+                Ok(v) => v.unwrap_or(AetherExit::Signal(0)),
+                // The watcher is gone without a status (runtime shut down).
+                Err(_) => AetherExit::Signal(0),
+            }
+        }
+    }
+
+    /// How aether ended, if it has.
+    pub fn exit_status(&self) -> Option<AetherExit> {
+        self.process.exit_status()
+    }
+
+    /// The sandbox's cgroup (freeze/thaw for pause, counters).
+    pub fn cgroup(&self) -> &Cgroup {
+        &self.cgroup
+    }
+
+    /// Host path of the sandbox's writable layer.
+    pub fn upper_dir(&self) -> &Path {
+        &self.dirs.upper
+    }
+}
+
+impl Sandbox for ContainerSandbox {
+    fn id(&self) -> &str {
+        &self.id
+    }
+
+    fn aether(&self) -> &AetherClient {
+        &self.client
+    }
+
+    fn pid(&self) -> i32 {
+        self.process.pid
+    }
+
+    fn usage(&self) -> Usage {
+        Usage {
+            memory_bytes: self.cgroup.memory_usage().unwrap_or(0),
+            pids: self.cgroup.pids_current().unwrap_or(0),
+            oom_kills: self.cgroup.oom_kills().unwrap_or(0),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::collections::BTreeMap;
+
+    fn spec(dir: &Path) -> SandboxSpec {
+        SandboxSpec {
+            id: "sb-t0-0123456789abcdef".into(),
+            hostname: "box-1".into(),
+            lowers: vec![PathBuf::from("/")],
+            dir: dir.to_path_buf(),
+            memory_limit_mb: 256,
+            cpu_cores_limit: 1.0,
+            pids_limit: 100,
+            user: "root".into(),
+            env: BTreeMap::new(),
+        }
+    }
+
+    #[test]
+    fn validates_specs() {
+        let d = tempfile::tempdir().unwrap();
+        assert!(validate_spec(&spec(d.path())).is_ok());
+        let cases: Vec<Box<dyn Fn(&mut SandboxSpec)>> = vec![
+            Box::new(|s| s.id = "../etc".into()),
+            Box::new(|s| s.hostname = "a b".into()),
+            Box::new(|s| s.hostname = String::new()),
+            Box::new(|s| s.lowers.clear()),
+            Box::new(|s| s.lowers = vec![PathBuf::from("/a:b")]),
+            Box::new(|s| s.lowers = vec![PathBuf::from("relative")]),
+            Box::new(|s| s.lowers = vec![PathBuf::from("/definitely/missing/layer")]),
+            Box::new(|s| s.dir = PathBuf::from("rel")),
+            Box::new(|s| s.cpu_cores_limit = f64::NAN),
+            Box::new(|s| s.cpu_cores_limit = -1.0),
+            Box::new(|s| {
+                s.env.insert("A=B".into(), "x".into());
+            }),
+        ];
+        for (i, f) in cases.iter().enumerate() {
+            let mut s = spec(d.path());
+            f(&mut s);
+            assert!(
+                matches!(validate_spec(&s), Err(CreateSandboxError::InvalidSpec(_))),
+                "case {i}"
+            );
+        }
+    }
+
+    #[test]
+    fn setup_message_from_spec() {
+        let d = tempfile::tempdir().unwrap();
+        let sub = ContainerSubstrate::with_cgroup_root(
+            ContainerConfig {
+                aether_path: "/x/aether".into(),
+                cgroup_parent: "dsec/t".into(),
+                shm_mb: 64,
+            },
+            CgroupRoot {
+                version: crate::cgroup::CgroupVersion::V2,
+                path: d.path().into(),
+            },
+        );
+        let mut sp = spec(d.path());
+        sp.env.insert("FOO".into(), "bar".into());
+        let setup = sub.setup_for(&sp, &SandboxDirs::new(d.path())).unwrap();
+        assert_eq!(setup.lowers, vec!["/".to_string()]);
+        assert_eq!(PathBuf::from(&setup.upper), d.path().join("upper"));
+        assert_eq!(PathBuf::from(&setup.rootfs), d.path().join("rootfs"));
+        assert_eq!(setup.shm_mb, 64);
+        assert_eq!(setup.env.get("FOO").map(String::as_str), Some("bar"));
+        assert!(setup.masked_paths.iter().any(|p| p == "/proc/kpagecgroup"));
+        assert!(setup.readonly_paths.iter().any(|p| p == "/proc/sys"));
+    }
+}
