@@ -44,13 +44,21 @@ pub enum CreateSandboxError {
     #[error("sandbox setup failed inside: {0}")]
     Setup(String),
     #[error("sandbox {id}: {error}; cleanup also failed: {cleanup}")]
-    WithCleanup { id: String, error: Box<CreateSandboxError>, cleanup: String },
+    WithCleanup {
+        id: String,
+        error: Box<CreateSandboxError>,
+        cleanup: String,
+    },
 }
 
 #[derive(Debug, thiserror::Error)]
 pub enum DestroySandboxError {
     #[error("destroy {id}: {what}: {source}")]
-    Io { id: String, what: String, source: std::io::Error },
+    Io {
+        id: String,
+        what: String,
+        source: std::io::Error,
+    },
 }
 
 /// A live sandbox as the substrate sees it.
