@@ -18,80 +18,46 @@
 //! store.list(); store.remove("mine:v1")?;                     // refuses while in use
 //! store.unmount_all()?;                                        // at shutdown
 //! ```
+//!
+//! On-disk layout under the store root:
+//!
+//! - `index.json` — image name → layers, rewritten atomically;
+//! - `layers/<sha256>.erofs` — layer files;
+//! - `mnt/<sha256>/` — where a layer is mounted while in use (and for a grace period after);
+//! - `tmp/` — imports in progress, wiped at open.
 
-use std::path::{Path, PathBuf};
+mod busybox;
+mod import;
+mod index;
+mod mount;
+mod name;
+mod store;
+mod time;
 
-use dsec_wire::api::ImageInfo;
+use std::path::PathBuf;
+
+pub use busybox::BUSYBOX_IMAGE;
+pub use import::ImportOptions;
+pub use name::canonical as canonical_name;
+pub use store::{ImageLease, ImageStore, DEFAULT_UNMOUNT_GRACE};
 
 #[derive(Debug, thiserror::Error)]
 pub enum ImageError {
     #[error("image {0:?} not found; list images with `dsec image ls` or import one with `dsec image import`")]
     NotFound(String),
-    #[error("invalid image name {0:?}: use [a-z0-9._/-]+ with an optional :tag")]
+    #[error("invalid image name {0:?}: use [a-z0-9][a-z0-9._/-]* with an optional :tag of [A-Za-z0-9._-], at most 128 characters, no `..`")]
     InvalidName(String),
     #[error("image {name} is used by {users} sandbox(es); stop them first")]
     InUse { name: String, users: u64 },
     #[error("import {name}: {message}")]
     Import { name: String, message: String },
     #[error("mount layer {digest}: {source}")]
-    Mount { digest: String, source: std::io::Error },
+    Mount {
+        digest: String,
+        source: std::io::Error,
+    },
+    #[error("image store index {path} is corrupt ({message}); fix or remove it and re-import the images")]
+    Corrupt { path: PathBuf, message: String },
     #[error("image store i/o: {0}")]
     Io(#[from] std::io::Error),
-}
-
-/// The node's image store.
-pub struct ImageStore {
-    _root: PathBuf,
-}
-
-/// A hold on an image's mounted layers; dropping it releases the references.
-pub struct ImageLease {
-    _private: (),
-}
-
-impl ImageLease {
-    /// Mounted layer roots, top-most first (overlay `lowerdir` order).
-    pub fn lowers(&self) -> Vec<PathBuf> {
-        todo!()
-    }
-    /// The image's `name:tag`.
-    pub fn image(&self) -> &str {
-        todo!()
-    }
-}
-
-impl ImageStore {
-    pub fn open(_root: impl Into<PathBuf>) -> Result<Self, ImageError> {
-        todo!()
-    }
-    pub fn cleanup_stale_mounts(&self) -> Result<(), ImageError> {
-        todo!()
-    }
-    pub async fn ensure_busybox(&self) -> Result<(), ImageError> {
-        todo!()
-    }
-    pub async fn import_tar<R>(&self, _name: &str, _reader: R) -> Result<ImageInfo, ImageError>
-    where
-        R: tokio::io::AsyncRead + Send + Unpin + 'static,
-    {
-        todo!()
-    }
-    pub async fn import_dir(&self, _name: &str, _dir: &Path) -> Result<ImageInfo, ImageError> {
-        todo!()
-    }
-    pub fn get(&self, _name: &str) -> Result<ImageInfo, ImageError> {
-        todo!()
-    }
-    pub fn list(&self) -> Vec<ImageInfo> {
-        todo!()
-    }
-    pub fn remove(&self, _name: &str) -> Result<(), ImageError> {
-        todo!()
-    }
-    pub async fn acquire(&self, _name: &str) -> Result<ImageLease, ImageError> {
-        todo!()
-    }
-    pub fn unmount_all(&self) -> Result<(), ImageError> {
-        todo!()
-    }
 }

@@ -1,0 +1,188 @@
+//! The on-disk image index (`<root>/index.json`): image name → layers.
+//!
+//! The file is rewritten atomically (temporary file, fsync, rename, fsync of the directory),
+//! so a crash leaves either the old or the new index.
+
+use std::collections::BTreeMap;
+use std::fs;
+use std::io::Write;
+use std::path::Path;
+
+use serde::{Deserialize, Serialize};
+
+use crate::name;
+use crate::ImageError;
+
+pub const INDEX_FILE: &str = "index.json";
+const INDEX_VERSION: u32 = 1;
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LayerRecord {
+    /// sha256 of the layer's EROFS file, 64 lowercase hex characters.
+    pub digest: String,
+    pub size_bytes: u64,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ImageRecord {
+    /// Bottom-most layer first.
+    pub layers: Vec<LayerRecord>,
+    /// RFC 3339 UTC.
+    pub created_at: String,
+}
+
+impl ImageRecord {
+    pub fn size_bytes(&self) -> u64 {
+        self.layers.iter().map(|l| l.size_bytes).sum()
+    }
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Index {
+    pub version: u32,
+    /// Keyed by canonical `name:tag`.
+    pub images: BTreeMap<String, ImageRecord>,
+}
+
+impl Index {
+    pub fn new() -> Self {
+        Index {
+            version: INDEX_VERSION,
+            images: BTreeMap::new(),
+        }
+    }
+
+    /// Loads the index in `root`; a missing file is an empty index.
+    pub fn load(root: &Path) -> Result<Self, ImageError> {
+        let path = root.join(INDEX_FILE);
+        let bytes = match fs::read(&path) {
+            Ok(b) => b,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Index::new()),
+            Err(e) => return Err(e.into()),
+        };
+        Self::parse(&bytes).map_err(|msg| ImageError::Corrupt {
+            path: path.clone(),
+            message: msg,
+        })
+    }
+
+    /// Parses and validates an index (names canonical, digests well-formed).
+    pub fn parse(bytes: &[u8]) -> Result<Self, String> {
+        let idx: Index = serde_json::from_slice(bytes).map_err(|e| e.to_string())?;
+        if idx.version != INDEX_VERSION {
+            return Err(format!("unsupported index version {}", idx.version));
+        }
+        for (image, rec) in &idx.images {
+            match name::canonical(image) {
+                Ok(c) if &c == image => {}
+                _ => return Err(format!("bad image name {image:?}")),
+            }
+            if rec.layers.is_empty() {
+                return Err(format!("image {image} has no layers"));
+            }
+            if let Some(l) = rec.layers.iter().find(|l| !name::is_digest(&l.digest)) {
+                return Err(format!(
+                    "image {image} has a bad layer digest {:?}",
+                    l.digest
+                ));
+            }
+        }
+        Ok(idx)
+    }
+
+    /// Writes the index to `root/index.json` atomically.
+    pub fn save(&self, root: &Path) -> Result<(), ImageError> {
+        let data = serde_json::to_vec_pretty(self).map_err(std::io::Error::other)?;
+        let tmp = root.join(format!("{INDEX_FILE}.tmp"));
+        {
+            let mut f = fs::File::create(&tmp)?;
+            f.write_all(&data)?;
+            f.sync_all()?;
+        }
+        fs::rename(&tmp, root.join(INDEX_FILE))?;
+        fs::File::open(root)?.sync_all()?;
+        Ok(())
+    }
+
+    /// True if some image other than `except` uses `digest`.
+    pub fn references(&self, digest: &str, except: Option<&str>) -> bool {
+        self.images
+            .iter()
+            .filter(|(n, _)| Some(n.as_str()) != except)
+            .any(|(_, r)| r.layers.iter().any(|l| l.digest == digest))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn sample() -> Index {
+        let mut idx = Index::new();
+        idx.images.insert(
+            "debian:latest".into(),
+            ImageRecord {
+                layers: vec![
+                    LayerRecord {
+                        digest: "a".repeat(64),
+                        size_bytes: 10,
+                    },
+                    LayerRecord {
+                        digest: "b".repeat(64),
+                        size_bytes: 5,
+                    },
+                ],
+                created_at: "2025-01-01T00:00:00Z".into(),
+            },
+        );
+        idx.images.insert(
+            "tool:v1".into(),
+            ImageRecord {
+                layers: vec![LayerRecord {
+                    digest: "b".repeat(64),
+                    size_bytes: 5,
+                }],
+                created_at: "2025-01-02T00:00:00Z".into(),
+            },
+        );
+        idx
+    }
+
+    #[test]
+    fn round_trip_on_disk() {
+        let dir = tempfile::tempdir().unwrap();
+        assert_eq!(Index::load(dir.path()).unwrap(), Index::new());
+        let idx = sample();
+        idx.save(dir.path()).unwrap();
+        assert_eq!(Index::load(dir.path()).unwrap(), idx);
+        assert!(!dir.path().join("index.json.tmp").exists());
+        assert_eq!(idx.images["debian:latest"].size_bytes(), 15);
+    }
+
+    #[test]
+    fn references() {
+        let idx = sample();
+        let b = "b".repeat(64);
+        assert!(idx.references(&b, Some("debian:latest")));
+        assert!(!idx.references(&"a".repeat(64), Some("debian:latest")));
+        assert!(idx.references(&"a".repeat(64), None));
+    }
+
+    #[test]
+    fn rejects_tampered_index() {
+        let mut idx = sample();
+        idx.images.get_mut("tool:v1").unwrap().layers[0].digest = "../../etc/passwd".into();
+        let bytes = serde_json::to_vec(&idx).unwrap();
+        assert!(Index::parse(&bytes)
+            .unwrap_err()
+            .contains("bad layer digest"));
+
+        let mut idx = sample();
+        let rec = idx.images.remove("tool:v1").unwrap();
+        idx.images.insert("tool".into(), rec);
+        let bytes = serde_json::to_vec(&idx).unwrap();
+        assert!(Index::parse(&bytes).unwrap_err().contains("bad image name"));
+
+        assert!(Index::parse(b"{not json").is_err());
+    }
+}

@@ -1,0 +1,755 @@
+//! The image store: index, layer files and reference-counted node-wide layer mounts.
+//!
+//! Locking: one `std::sync::Mutex<State>` guards the index, the lease counts and the per-layer
+//! mount state; it is never held across an `.await`. Mounting a layer happens under a
+//! per-layer `tokio::sync::Mutex` (so concurrent acquires of a cold layer mount it once) and
+//! publishes `mounted = true` under the state lock. Every unmount happens under the state lock
+//! and only when the layer's reference count is zero; since acquires raise the count under the
+//! same lock before mounting, an unmount can never pull a layer from under a new user.
+
+use std::collections::HashMap;
+use std::fmt;
+use std::fs;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
+
+use dsec_wire::api::{ImageInfo, ImageLayerInfo};
+
+use crate::busybox::{self, BUSYBOX_IMAGE, HOST_BUSYBOX};
+use crate::import::{self, BuiltLayer, ImportOptions, TempPath};
+use crate::index::{ImageRecord, Index, LayerRecord};
+use crate::{mount, name, time, ImageError};
+
+/// How long an unused layer stays mounted before it is unmounted.
+pub const DEFAULT_UNMOUNT_GRACE: Duration = Duration::from_secs(30);
+
+/// The node's image store. Cheap to clone (shared state); safe to use from many tasks.
+#[derive(Clone)]
+pub struct ImageStore {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    root: PathBuf,
+    state: Mutex<State>,
+    grace_ms: AtomicU64,
+    busybox_lock: tokio::sync::Mutex<()>,
+    busybox_path: Mutex<PathBuf>,
+}
+
+struct State {
+    index: Index,
+    /// Image name → live leases.
+    leases: HashMap<String, u64>,
+    /// Layer digest → mount state. Entries exist while a layer is referenced or mounted.
+    layers: HashMap<String, Layer>,
+}
+
+struct Layer {
+    refs: u64,
+    mounted: bool,
+    /// Bumped whenever `refs` changes to or from zero; a pending unmount only proceeds if the
+    /// generation it was scheduled at is still current.
+    generation: u64,
+    lock: Arc<tokio::sync::Mutex<()>>,
+}
+
+impl Layer {
+    fn new() -> Self {
+        Layer {
+            refs: 0,
+            mounted: false,
+            generation: 0,
+            lock: Arc::new(tokio::sync::Mutex::new(())),
+        }
+    }
+}
+
+/// A hold on an image's mounted layers; dropping it releases the references.
+pub struct ImageLease {
+    inner: Arc<Inner>,
+    image: String,
+    /// Bottom-most first, as in the index.
+    digests: Vec<String>,
+    runtime: Option<tokio::runtime::Handle>,
+}
+
+impl ImageLease {
+    /// Mounted layer roots, top-most first (overlay `lowerdir` order).
+    pub fn lowers(&self) -> Vec<PathBuf> {
+        self.digests
+            .iter()
+            .rev()
+            .map(|d| self.inner.mnt_path(d))
+            .collect()
+    }
+
+    /// The image's `name:tag`.
+    pub fn image(&self) -> &str {
+        &self.image
+    }
+
+    /// The layers' EROFS files, top-most first (for substrates that attach them as disks).
+    pub fn layer_files(&self) -> Vec<PathBuf> {
+        self.digests
+            .iter()
+            .rev()
+            .map(|d| self.inner.layer_path(d))
+            .collect()
+    }
+
+    /// Layer digests, top-most first.
+    pub fn digests(&self) -> Vec<String> {
+        self.digests.iter().rev().cloned().collect()
+    }
+}
+
+impl fmt::Debug for ImageLease {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ImageLease")
+            .field("image", &self.image)
+            .field("digests", &self.digests)
+            .finish()
+    }
+}
+
+impl fmt::Debug for ImageStore {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ImageStore")
+            .field("root", &self.inner.root)
+            .finish()
+    }
+}
+
+impl Drop for ImageLease {
+    fn drop(&mut self) {
+        let idle = {
+            let mut st = self.inner.lock();
+            if let Some(n) = st.leases.get_mut(&self.image) {
+                *n = n.saturating_sub(1);
+                if *n == 0 {
+                    st.leases.remove(&self.image);
+                }
+            }
+            let mut idle = Vec::new();
+            for d in &self.digests {
+                if let Some(l) = st.layers.get_mut(d) {
+                    l.refs = l.refs.saturating_sub(1);
+                    if l.refs == 0 {
+                        l.generation += 1;
+                        idle.push((d.clone(), l.generation, l.lock.clone()));
+                    }
+                }
+            }
+            idle
+        };
+        if idle.is_empty() {
+            return;
+        }
+        let grace = self.inner.grace();
+        let runtime = self
+            .runtime
+            .clone()
+            .or_else(|| tokio::runtime::Handle::try_current().ok());
+        let Some(rt) = runtime else {
+            // No runtime to run the timer on: the layers stay mounted until `unmount_all`
+            // or the next `cleanup_stale_mounts`.
+            return;
+        };
+        for (digest, generation, lock) in idle {
+            let inner = self.inner.clone();
+            rt.spawn(async move {
+                if !grace.is_zero() {
+                    tokio::time::sleep(grace).await;
+                }
+                let _guard = lock.lock().await;
+                let d = digest.clone();
+                let res =
+                    tokio::task::spawn_blocking(move || inner.unmount_if_idle(&d, generation))
+                        .await;
+                match res {
+                    Ok(Ok(())) => {}
+                    Ok(Err(e)) => {
+                        tracing::warn!(digest = %digest, error = %e, "unmount idle layer")
+                    }
+                    Err(e) => {
+                        tracing::warn!(digest = %digest, error = %e, "unmount idle layer task")
+                    }
+                }
+            });
+        }
+    }
+}
+
+impl Inner {
+    fn lock(&self) -> MutexGuard<'_, State> {
+        // A panic while holding the lock leaves plain data behind; keep going.
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn grace(&self) -> Duration {
+        Duration::from_millis(self.grace_ms.load(Ordering::Relaxed))
+    }
+
+    fn layer_path(&self, digest: &str) -> PathBuf {
+        self.root.join("layers").join(format!("{digest}.erofs"))
+    }
+
+    fn mnt_dir(&self) -> PathBuf {
+        self.root.join("mnt")
+    }
+
+    fn mnt_path(&self, digest: &str) -> PathBuf {
+        self.mnt_dir().join(digest)
+    }
+
+    fn tmp_path(&self, what: &str) -> PathBuf {
+        static SEQ: AtomicU64 = AtomicU64::new(0);
+        let n = SEQ.fetch_add(1, Ordering::Relaxed);
+        let nanos = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.subsec_nanos())
+            .unwrap_or(0);
+        self.root
+            .join("tmp")
+            .join(format!("{what}-{}-{n}-{nanos:x}", std::process::id()))
+    }
+
+    /// Called by the grace timer: unmounts `digest` if nobody re-acquired it since.
+    fn unmount_if_idle(&self, digest: &str, generation: u64) -> std::io::Result<()> {
+        let mut st = self.lock();
+        let Some(l) = st.layers.get(digest) else {
+            return Ok(());
+        };
+        if l.refs != 0 || l.generation != generation {
+            return Ok(());
+        }
+        self.unmount_layer_locked(&mut st, digest)?;
+        if !st.index.references(digest, None) {
+            // The image using it was replaced or removed while the layer was in use.
+            self.delete_layer_locked(&mut st, digest)?;
+        } else {
+            st.layers.remove(digest);
+        }
+        Ok(())
+    }
+
+    /// Unmounts a layer (state lock held, refs must be zero) and removes its mount point.
+    fn unmount_layer_locked(&self, st: &mut State, digest: &str) -> std::io::Result<()> {
+        let Some(l) = st.layers.get_mut(digest) else {
+            return Ok(());
+        };
+        if l.mounted {
+            let target = self.mnt_path(digest);
+            mount::unmount(&target)?;
+            l.mounted = false;
+            let _ = fs::remove_dir(&target);
+            tracing::debug!(digest, "layer unmounted");
+        }
+        Ok(())
+    }
+
+    /// Deletes a layer nobody references any more (state lock held): unmount, file, state.
+    fn delete_layer_locked(&self, st: &mut State, digest: &str) -> std::io::Result<()> {
+        if st.layers.get(digest).is_some_and(|l| l.refs > 0) || st.index.references(digest, None) {
+            return Ok(());
+        }
+        self.unmount_layer_locked(st, digest)?;
+        st.layers.remove(digest);
+        match fs::remove_file(self.layer_path(digest)) {
+            Ok(()) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+            Err(e) => return Err(e),
+        }
+        tracing::debug!(digest, "layer deleted");
+        Ok(())
+    }
+
+    fn info_locked(st: &State, image: &str, rec: &ImageRecord) -> ImageInfo {
+        ImageInfo {
+            name: image.to_string(),
+            layers: rec
+                .layers
+                .iter()
+                .map(|l| ImageLayerInfo {
+                    digest: l.digest.clone(),
+                    size_bytes: l.size_bytes,
+                })
+                .collect(),
+            size_bytes: rec.size_bytes(),
+            created_at: rec.created_at.clone(),
+            in_use: st.leases.get(image).copied().unwrap_or(0),
+        }
+    }
+}
+
+impl ImageStore {
+    /// Opens (creating if needed) the store at `root`: loads the index and wipes `tmp/`.
+    pub fn open(root: impl Into<PathBuf>) -> Result<Self, ImageError> {
+        let root: PathBuf = root.into();
+        fs::create_dir_all(&root)?;
+        let root = root.canonicalize()?;
+        for sub in ["layers", "mnt"] {
+            fs::create_dir_all(root.join(sub))?;
+        }
+        let tmp = root.join("tmp");
+        if tmp.exists() {
+            fs::remove_dir_all(&tmp)?;
+        }
+        fs::create_dir_all(&tmp)?;
+        let _ = fs::remove_file(root.join(format!("{}.tmp", crate::index::INDEX_FILE)));
+        let index = Index::load(&root)?;
+        Ok(ImageStore {
+            inner: Arc::new(Inner {
+                root,
+                state: Mutex::new(State {
+                    index,
+                    leases: HashMap::new(),
+                    layers: HashMap::new(),
+                }),
+                grace_ms: AtomicU64::new(DEFAULT_UNMOUNT_GRACE.as_millis() as u64),
+                busybox_lock: tokio::sync::Mutex::new(()),
+                busybox_path: Mutex::new(PathBuf::from(HOST_BUSYBOX)),
+            }),
+        })
+    }
+
+    /// The store's (canonical) root directory.
+    pub fn root(&self) -> &Path {
+        &self.inner.root
+    }
+
+    /// How long an unused layer stays mounted (default 30 s). Applies to releases from now on.
+    pub fn set_unmount_grace(&self, grace: Duration) {
+        let ms = u64::try_from(grace.as_millis()).unwrap_or(u64::MAX);
+        self.inner.grace_ms.store(ms, Ordering::Relaxed);
+    }
+
+    /// Uses another static busybox binary for [`ImageStore::ensure_busybox`] (default
+    /// `/bin/busybox`).
+    pub fn set_busybox_binary(&self, path: impl Into<PathBuf>) {
+        *self
+            .inner
+            .busybox_path
+            .lock()
+            .unwrap_or_else(|p| p.into_inner()) = path.into();
+    }
+
+    /// After a crash: unmounts (detached) every mount below `<root>/mnt/` that this store
+    /// does not currently hold, and removes empty mount-point directories.
+    pub fn cleanup_stale_mounts(&self) -> Result<(), ImageError> {
+        let mnt = self.inner.mnt_dir();
+        let st = self.inner.lock();
+        let ours = |p: &Path| {
+            p.parent() == Some(mnt.as_path())
+                && p.file_name()
+                    .and_then(|n| n.to_str())
+                    .and_then(|d| st.layers.get(d))
+                    .is_some_and(|l| l.mounted)
+        };
+        let mut first_err = None;
+        for p in mount::mounts_under(&mnt)? {
+            if ours(&p) {
+                continue;
+            }
+            match mount::unmount_detach(&p) {
+                Ok(()) => tracing::info!(path = %p.display(), "unmounted stale layer mount"),
+                Err(e) => {
+                    tracing::warn!(path = %p.display(), error = %e, "unmount stale layer mount");
+                    first_err.get_or_insert(e);
+                }
+            }
+        }
+        for entry in fs::read_dir(&mnt)? {
+            let p = entry?.path();
+            if !ours(&p) && p.is_dir() {
+                // Only empty directories go; anything else is left for an operator to see.
+                let _ = fs::remove_dir(&p);
+            }
+        }
+        match first_err {
+            Some(e) => Err(e.into()),
+            None => Ok(()),
+        }
+    }
+
+    /// Imports the built-in `busybox:latest` image from the host's static busybox, unless
+    /// it exists already.
+    pub async fn ensure_busybox(&self) -> Result<(), ImageError> {
+        let _guard = self.inner.busybox_lock.lock().await;
+        if self.get(BUSYBOX_IMAGE).is_ok() {
+            return Ok(());
+        }
+        let work = TempPath::new(self.inner.tmp_path("busybox"));
+        let root = work.path().join("root");
+        let bin = self
+            .inner
+            .busybox_path
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone();
+        let dir = work.path().to_path_buf();
+        let built = tokio::task::spawn_blocking(move || {
+            fs::create_dir(&dir).map_err(|e| format!("create {}: {e}", dir.display()))?;
+            busybox::build_root(&bin, &root)
+        })
+        .await
+        .map_err(|e| import_err(BUSYBOX_IMAGE, format!("build task failed: {e}")))?;
+        if let Err(message) = built {
+            work.cleanup().await;
+            return Err(import_err(BUSYBOX_IMAGE, message));
+        }
+        let res = self
+            .import_dir_with(
+                BUSYBOX_IMAGE,
+                &work.path().join("root"),
+                &ImportOptions::default(),
+            )
+            .await;
+        work.cleanup().await;
+        res.map(|_| ())
+    }
+
+    /// Imports a tar or gzip'd tar stream as a single-layer image `name`, replacing any image
+    /// of the same name.
+    pub async fn import_tar<R>(&self, name: &str, reader: R) -> Result<ImageInfo, ImageError>
+    where
+        R: tokio::io::AsyncRead + Send + Unpin + 'static,
+    {
+        self.import_tar_with(name, reader, &ImportOptions::default())
+            .await
+    }
+
+    /// [`ImageStore::import_tar`] with options.
+    pub async fn import_tar_with<R>(
+        &self,
+        name: &str,
+        reader: R,
+        opts: &ImportOptions,
+    ) -> Result<ImageInfo, ImageError>
+    where
+        R: tokio::io::AsyncRead + Send + Unpin + 'static,
+    {
+        let name = name::canonical(name)?;
+        let work = TempPath::new(self.inner.tmp_path("unpack"));
+        let root = work.path().join("root");
+        let res = self.unpack_into(&name, reader, work.path(), &root).await;
+        let res = match res {
+            Ok(()) => self.import_dir_with(&name, &root, opts).await,
+            Err(e) => Err(e),
+        };
+        work.cleanup().await;
+        res
+    }
+
+    async fn unpack_into<R>(
+        &self,
+        name: &str,
+        reader: R,
+        work: &Path,
+        root: &Path,
+    ) -> Result<(), ImageError>
+    where
+        R: tokio::io::AsyncRead + Send + Unpin + 'static,
+    {
+        fs::create_dir(work)?;
+        fs::create_dir(root)?;
+        // If this future is dropped, the blocking unpack notices at its next read, stops, and
+        // removes what it wrote (the TempPath guard may have run before it finished).
+        let cancelled = Arc::new(AtomicBool::new(false));
+        let _cancel_on_drop = CancelOnDrop(cancelled.clone());
+        let reader = CancellableReader {
+            inner: tokio_util::io::SyncIoBridge::new(reader),
+            cancelled: cancelled.clone(),
+        };
+        let (dir, wdir) = (root.to_path_buf(), work.to_path_buf());
+        let res = tokio::task::spawn_blocking(move || {
+            let r = import::unpack_tar(reader, &dir);
+            if cancelled.load(Ordering::SeqCst) {
+                let _ = fs::remove_dir_all(&wdir);
+            }
+            r
+        })
+        .await
+        .map_err(|e| import_err(name, format!("unpack task failed: {e}")))?;
+        res.map_err(|m| import_err(name, m))
+    }
+
+    /// Imports the directory `dir` as a single-layer image `name`, replacing any image of the
+    /// same name.
+    pub async fn import_dir(&self, name: &str, dir: &Path) -> Result<ImageInfo, ImageError> {
+        self.import_dir_with(name, dir, &ImportOptions::default())
+            .await
+    }
+
+    /// [`ImageStore::import_dir`] with options.
+    pub async fn import_dir_with(
+        &self,
+        name: &str,
+        dir: &Path,
+        opts: &ImportOptions,
+    ) -> Result<ImageInfo, ImageError> {
+        let name = name::canonical(name)?;
+        match fs::metadata(dir) {
+            Ok(m) if m.is_dir() => {}
+            Ok(_) => {
+                return Err(import_err(
+                    &name,
+                    format!("{} is not a directory", dir.display()),
+                ))
+            }
+            Err(e) => return Err(import_err(&name, format!("{}: {e}", dir.display()))),
+        }
+        let out = self.inner.tmp_path("layer").with_extension("erofs");
+        let built = import::build_layer(dir, out, opts)
+            .await
+            .map_err(|m| import_err(&name, m))?;
+        self.register(&name, vec![built])
+    }
+
+    /// Moves built layers into `layers/` and points `name` at them (bottom first).
+    fn register(&self, name: &str, built: Vec<BuiltLayer>) -> Result<ImageInfo, ImageError> {
+        let mut st = self.inner.lock();
+        let mut records = Vec::with_capacity(built.len());
+        for b in built {
+            let dst = self.inner.layer_path(&b.digest);
+            if dst.exists() {
+                // Same content already stored; the temp file is dropped (and removed).
+                tracing::debug!(digest = %b.digest, "layer already stored");
+            } else {
+                fs::rename(b.file.path(), &dst)?;
+                b.file.keep();
+            }
+            records.push(LayerRecord {
+                digest: b.digest,
+                size_bytes: b.size_bytes,
+            });
+        }
+        fs::File::open(self.inner.root.join("layers"))?.sync_all()?;
+        let rec = ImageRecord {
+            layers: records,
+            created_at: time::now_rfc3339(),
+        };
+        let old = st.index.images.insert(name.to_string(), rec.clone());
+        if let Err(e) = st.index.save(&self.inner.root) {
+            match old {
+                Some(o) => st.index.images.insert(name.to_string(), o),
+                None => st.index.images.remove(name),
+            };
+            for l in &rec.layers {
+                let _ = self.inner.delete_layer_locked(&mut st, &l.digest);
+            }
+            return Err(e);
+        }
+        if let Some(old) = old {
+            for l in &old.layers {
+                if let Err(e) = self.inner.delete_layer_locked(&mut st, &l.digest) {
+                    tracing::warn!(digest = %l.digest, error = %e, "delete replaced layer");
+                }
+            }
+        }
+        tracing::info!(
+            image = name,
+            layers = rec.layers.len(),
+            bytes = rec.size_bytes(),
+            "image imported"
+        );
+        Ok(Inner::info_locked(&st, name, &rec))
+    }
+
+    /// The image `name` (`name` or `name:tag`).
+    pub fn get(&self, name: &str) -> Result<ImageInfo, ImageError> {
+        let name = name::canonical(name)?;
+        let st = self.inner.lock();
+        let rec = st
+            .index
+            .images
+            .get(&name)
+            .ok_or_else(|| ImageError::NotFound(name.clone()))?;
+        Ok(Inner::info_locked(&st, &name, rec))
+    }
+
+    /// All images, sorted by name.
+    pub fn list(&self) -> Vec<ImageInfo> {
+        let st = self.inner.lock();
+        st.index
+            .images
+            .iter()
+            .map(|(n, r)| Inner::info_locked(&st, n, r))
+            .collect()
+    }
+
+    /// Removes the image and every layer file no other image uses. Refuses while the image
+    /// is leased.
+    pub fn remove(&self, name: &str) -> Result<(), ImageError> {
+        let name = name::canonical(name)?;
+        let mut st = self.inner.lock();
+        if let Some(&users) = st.leases.get(&name) {
+            if users > 0 {
+                return Err(ImageError::InUse { name, users });
+            }
+        }
+        let rec = st
+            .index
+            .images
+            .remove(&name)
+            .ok_or_else(|| ImageError::NotFound(name.clone()))?;
+        if let Err(e) = st.index.save(&self.inner.root) {
+            st.index.images.insert(name, rec);
+            return Err(e);
+        }
+        let mut first_err = None;
+        for l in &rec.layers {
+            if let Err(e) = self.inner.delete_layer_locked(&mut st, &l.digest) {
+                tracing::warn!(digest = %l.digest, error = %e, "delete layer of removed image");
+                first_err.get_or_insert(e);
+            }
+        }
+        tracing::info!(image = %name, "image removed");
+        match first_err {
+            Some(e) => Err(e.into()),
+            None => Ok(()),
+        }
+    }
+
+    /// Takes a lease on the image, mounting any of its layers not mounted yet.
+    pub async fn acquire(&self, name: &str) -> Result<ImageLease, ImageError> {
+        let name = name::canonical(name)?;
+        let (digests, locks) = {
+            let mut st = self.inner.lock();
+            let rec = st
+                .index
+                .images
+                .get(&name)
+                .ok_or_else(|| ImageError::NotFound(name.clone()))?;
+            let digests: Vec<String> = rec.layers.iter().map(|l| l.digest.clone()).collect();
+            *st.leases.entry(name.clone()).or_insert(0) += 1;
+            let mut locks = Vec::with_capacity(digests.len());
+            for d in &digests {
+                let l = st.layers.entry(d.clone()).or_insert_with(Layer::new);
+                if l.refs == 0 {
+                    // Cancels a pending grace-period unmount.
+                    l.generation += 1;
+                }
+                l.refs += 1;
+                locks.push(l.lock.clone());
+            }
+            (digests, locks)
+        };
+        // From here on, dropping the lease (error or cancellation) gives the references back.
+        let lease = ImageLease {
+            inner: self.inner.clone(),
+            image: name,
+            digests: digests.clone(),
+            runtime: tokio::runtime::Handle::try_current().ok(),
+        };
+        for (d, lock) in digests.into_iter().zip(locks) {
+            let _guard = lock.lock().await;
+            let mounted = self.inner.lock().layers.get(&d).is_some_and(|l| l.mounted);
+            if mounted {
+                continue;
+            }
+            let inner = self.inner.clone();
+            let digest = d.clone();
+            tokio::task::spawn_blocking(move || inner.mount_layer(&digest))
+                .await
+                .map_err(|e| ImageError::Mount {
+                    digest: d.clone(),
+                    source: std::io::Error::other(e.to_string()),
+                })?
+                .map_err(|source| ImageError::Mount { digest: d, source })?;
+        }
+        Ok(lease)
+    }
+
+    /// Unmounts every layer this store mounted (detached, so busy mounts go too). For
+    /// shutdown; leases still alive keep working until their overlays are gone.
+    pub fn unmount_all(&self) -> Result<(), ImageError> {
+        let mut st = self.inner.lock();
+        let mut first_err = None;
+        for (digest, l) in st.layers.iter_mut() {
+            if !l.mounted {
+                continue;
+            }
+            let target = self.inner.mnt_path(digest);
+            match mount::unmount_detach(&target) {
+                Ok(()) => {
+                    l.mounted = false;
+                    let _ = fs::remove_dir(&target);
+                }
+                Err(e) => {
+                    tracing::warn!(digest = %digest, error = %e, "unmount layer");
+                    first_err.get_or_insert(e);
+                }
+            }
+        }
+        match first_err {
+            Some(e) => Err(e.into()),
+            None => Ok(()),
+        }
+    }
+}
+
+impl Inner {
+    /// Mounts a layer (per-layer lock held by the caller) and records it as mounted. A mount
+    /// left at the same place by an earlier process is adopted rather than stacked.
+    fn mount_layer(&self, digest: &str) -> std::io::Result<()> {
+        let file = self.layer_path(digest);
+        let target = self.mnt_path(digest);
+        if !file.exists() {
+            return Err(std::io::Error::new(
+                std::io::ErrorKind::NotFound,
+                format!(
+                    "layer file {} is missing; re-import the image",
+                    file.display()
+                ),
+            ));
+        }
+        if mount::mount_count(&target)? == 0 {
+            mount::mount_erofs(&file, &target)?;
+            tracing::debug!(digest, "layer mounted");
+        }
+        let mut st = self.lock();
+        match st.layers.get_mut(digest) {
+            Some(l) => l.mounted = true,
+            None => {
+                // Cannot happen (our lease holds a reference), but never leak a mount.
+                drop(st);
+                mount::unmount(&target)?;
+            }
+        }
+        Ok(())
+    }
+}
+
+fn import_err(name: &str, message: String) -> ImageError {
+    ImageError::Import {
+        name: name.to_string(),
+        message,
+    }
+}
+
+struct CancelOnDrop(Arc<AtomicBool>);
+
+impl Drop for CancelOnDrop {
+    fn drop(&mut self) {
+        self.0.store(true, Ordering::SeqCst);
+    }
+}
+
+/// Fails reads once the import was abandoned, so a blocking unpack stops early.
+struct CancellableReader<R> {
+    inner: R,
+    cancelled: Arc<AtomicBool>,
+}
+
+impl<R: std::io::Read> std::io::Read for CancellableReader<R> {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        if self.cancelled.load(Ordering::SeqCst) {
+            return Err(std::io::Error::other("import cancelled"));
+        }
+        self.inner.read(buf)
+    }
+}
