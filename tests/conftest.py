@@ -1,0 +1,125 @@
+"""End-to-end suite: runs the real `dsec up` binary and drives it through the Python SDK and CLI.
+
+Run as root from the repository root: ``python3 -m pytest tests``.
+
+Environment:
+- ``DSEC_BIN``: the dsec binary (default ``target/release/dsec``, then ``target/debug/dsec``).
+- ``DSEC_CACHE``: where ``debian-bookworm.tar`` lives (default ``/var/cache/dsec``; built by
+  ``scripts/images/build-debian.sh``). Tests that need ``debian`` skip when it is absent.
+- ``DSEC_AETHER``: passed through to ``dsec up`` (the edge looks next to the binary otherwise).
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from typing import Dict
+
+import pytest
+
+from helpers import (
+    DsecUp,
+    debian_tar,
+    dsec_cgroups,
+    dsec_processes,
+    find_dsec_bin,
+    make_sandbox,
+    mounts_under,
+    new_data_dir,
+    remove_data_dir,
+    stop_quietly,
+)
+
+
+# ---------------------------------------------------------------------------------------------
+# whole-suite gate
+
+
+def pytest_collection_modifyitems(config, items):
+    if os.geteuid() != 0:
+        reason = "the dsec end-to-end suite needs root (namespaces, mounts, cgroups); run it as root"
+        print(f"\nSKIP: {reason}", file=sys.stderr)
+        for item in items:
+            item.add_marker(pytest.mark.skip(reason=reason))
+
+
+# ---------------------------------------------------------------------------------------------
+# fixtures
+
+
+@pytest.fixture(scope="session")
+def dsec_bin() -> str:
+    b = find_dsec_bin()
+    if b is None:
+        pytest.skip("no dsec binary: set DSEC_BIN or run `cargo build --release -p dsec` (and build dsec-aether)")
+    return b
+
+
+@pytest.fixture(scope="session")
+def node(dsec_bin):
+    """The suite's shared `dsec up` (node id `e2e`), stopped with SIGTERM at the end."""
+    data = new_data_dir("main")
+    up = DsecUp(dsec_bin, data, "e2e")
+    try:
+        up.start()
+    except RuntimeError as e:
+        remove_data_dir(data)
+        pytest.fail(str(e), pytrace=False)
+    yield up
+    rc = up.stop()
+    leftover_mounts = mounts_under(data)
+    leftover_cgroups = dsec_cgroups("e2e")
+    leftover_procs = dsec_processes("e2e")
+    remove_data_dir(data)
+    assert rc == 0, f"dsec up exited {rc} after SIGTERM\nstderr:\n{up.stderr_tail()}"
+    assert not leftover_mounts, f"mounts left after dsec up exited: {leftover_mounts}"
+    assert not leftover_cgroups, f"cgroups left after dsec up exited: {sorted(leftover_cgroups)}"
+    assert not leftover_procs, f"processes left after dsec up exited: {leftover_procs}"
+
+
+@pytest.fixture(scope="session")
+def client(node):
+    c = node.client()
+    yield c
+    c.close()
+
+
+_debian_state: Dict[str, str] = {}
+
+
+@pytest.fixture(scope="session")
+def debian(node) -> str:
+    """Imports `debian` from the cached tarball once; skips tests when the tarball is absent."""
+    tar = debian_tar()
+    if not tar.is_file():
+        pytest.skip(f"{tar} is absent (build it with scripts/images/build-debian.sh); skipping debian tests")
+    if "error" in _debian_state:
+        pytest.fail(_debian_state["error"], pytrace=False)
+    if "ok" not in _debian_state:
+        proc = node.cli("image", "import", "debian", "--tar", str(tar), timeout=900, check=False)
+        if proc.returncode != 0:
+            _debian_state["error"] = (
+                f"`dsec image import debian --tar {tar}` exited {proc.returncode}: "
+                f"{proc.stderr.decode(errors='replace')[-3000:]}"
+            )
+            pytest.fail(_debian_state["error"], pytrace=False)
+        _debian_state["ok"] = "debian"
+    return "debian"
+
+
+@pytest.fixture
+def bb(client):
+    """A fresh busybox sandbox, stopped afterwards."""
+    sb = make_sandbox(client, "busybox")
+    yield sb
+    stop_quietly(sb)
+
+
+@pytest.fixture
+def deb(client, debian):
+    """A fresh debian sandbox, stopped afterwards."""
+    sb = make_sandbox(client, debian)
+    yield sb
+    stop_quietly(sb)
+
+

@@ -1,0 +1,313 @@
+"""Helpers shared by the end-to-end tests: a `dsec up` process and host-side observation."""
+
+from __future__ import annotations
+
+import glob
+import os
+import queue
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Dict, List, Optional, Set, Tuple
+
+REPO = Path(__file__).resolve().parent.parent
+if str(REPO / "sdk" / "python") not in sys.path:
+    sys.path.insert(0, str(REPO / "sdk" / "python"))
+
+import dsec  # noqa: E402
+import dsec.sync  # noqa: E402
+from dsec import DSecContainerRunArgs  # noqa: E402
+
+START_TIMEOUT = 60.0
+STOP_TIMEOUT = 60.0
+CGROUP_ROOT = "/sys/fs/cgroup"
+
+
+# ---------------------------------------------------------------------------------------------
+# host-side observation helpers
+
+
+def _unescape_mountinfo(field: str) -> str:
+    out, i = [], 0
+    while i < len(field):
+        if field[i] == "\\" and i + 3 < len(field) and field[i + 1 : i + 4].isdigit():
+            out.append(chr(int(field[i + 1 : i + 4], 8)))
+            i += 4
+        else:
+            out.append(field[i])
+            i += 1
+    return "".join(out)
+
+
+def mounts_under(path: os.PathLike, mountinfo: str = "/proc/self/mountinfo") -> List[str]:
+    """Mount points at or below ``path`` in the given mount table."""
+    root = os.path.realpath(os.fspath(path)).rstrip("/")
+    found = []
+    try:
+        with open(mountinfo, encoding="utf-8", errors="replace") as f:
+            for line in f:
+                parts = line.split()
+                if len(parts) < 5:
+                    continue
+                mp = _unescape_mountinfo(parts[4])
+                if mp == root or mp.startswith(root + "/"):
+                    found.append(mp)
+    except OSError:
+        pass
+    return found
+
+
+def dsec_cgroups(substr: str = "") -> Set[str]:
+    """Every cgroup directory under ``/sys/fs/cgroup/<controller>/dsec/`` (v1) and
+    ``/sys/fs/cgroup/unified/dsec`` or ``/sys/fs/cgroup/dsec`` (v2) whose path contains
+    ``substr``."""
+    roots = glob.glob(f"{CGROUP_ROOT}/*/dsec") + glob.glob(f"{CGROUP_ROOT}/dsec")
+    found = set()
+    for root in roots:
+        if not os.path.isdir(root):
+            continue
+        for dirpath, _dirnames, _files in os.walk(root):
+            if substr in dirpath:
+                found.add(dirpath)
+    return found
+
+
+def proc_cgroup_paths(pid: int) -> List[str]:
+    try:
+        with open(f"/proc/{pid}/cgroup", encoding="utf-8", errors="replace") as f:
+            return [line.rstrip("\n").split(":", 2)[2] for line in f if line.count(":") >= 2]
+    except OSError:
+        return []
+
+
+def dsec_processes(substr: str = "") -> Dict[int, Tuple[str, str]]:
+    """Processes whose cgroup (any hierarchy) is under ``/dsec`` and contains ``substr``:
+    pid -> (comm, cgroup path)."""
+    found: Dict[int, Tuple[str, str]] = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        pid = int(entry)
+        for cg in proc_cgroup_paths(pid):
+            if (cg.startswith("/dsec/") or "/dsec/" in cg) and substr in cg:
+                try:
+                    comm = Path(f"/proc/{pid}/comm").read_text().strip()
+                except OSError:
+                    comm = "?"
+                found[pid] = (comm, cg)
+                break
+    return found
+
+
+def vm_rss_kb(pid: int) -> int:
+    with open(f"/proc/{pid}/status", encoding="utf-8") as f:
+        for line in f:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1])
+    raise RuntimeError(f"no VmRSS for pid {pid}")
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def find_dsec_bin() -> Optional[str]:
+    env = os.environ.get("DSEC_BIN")
+    if env:
+        return env if os.access(env, os.X_OK) else None
+    for rel in ("target/release/dsec", "target/debug/dsec"):
+        p = REPO / rel
+        if p.is_file() and os.access(p, os.X_OK):
+            return str(p)
+    return None
+
+
+def debian_tar() -> Path:
+    return Path(os.environ.get("DSEC_CACHE", "/var/cache/dsec")) / "debian-bookworm.tar"
+
+
+# ---------------------------------------------------------------------------------------------
+# a running `dsec up`
+
+
+class DsecUp:
+    """One `dsec up` process on its own data dir and port."""
+
+    def __init__(self, binary: str, data_dir: str, node_id: str, port: Optional[int] = None):
+        self.binary = binary
+        self.data_dir = data_dir
+        self.node_id = node_id
+        self.port = port or free_port()
+        self.proc: Optional[subprocess.Popen] = None
+        self.url = ""
+        self.key = ""
+        self.stderr_path = os.path.join(os.path.dirname(data_dir.rstrip("/")) or "/tmp", f"{os.path.basename(data_dir)}.stderr.log")
+        self._stdout_lines: "queue.Queue[Optional[str]]" = queue.Queue()
+
+    @property
+    def pid(self) -> int:
+        assert self.proc is not None
+        return self.proc.pid
+
+    def stderr_tail(self, n: int = 60) -> str:
+        try:
+            lines = Path(self.stderr_path).read_text(errors="replace").splitlines()
+        except OSError:
+            return "(no stderr log)"
+        return "\n".join(lines[-n:])
+
+    def _pump_stdout(self, stream) -> None:
+        for raw in stream:
+            self._stdout_lines.put(raw.decode("utf-8", "replace").rstrip("\n"))
+        self._stdout_lines.put(None)
+
+    def start(self) -> "DsecUp":
+        os.makedirs(self.data_dir, exist_ok=True)
+        env = dict(os.environ)
+        env.setdefault("RUST_LOG", "info")
+        env.pop("DSEC_API_URL", None)
+        env.pop("DSEC_API_KEY", None)
+        cmd = [
+            self.binary, "up",
+            "--data-dir", self.data_dir,
+            "--listen", f"127.0.0.1:{self.port}",
+            "--node-id", self.node_id,
+        ]
+        stderr = open(self.stderr_path, "ab")
+        self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=stderr, env=env, start_new_session=True)
+        stderr.close()
+        threading.Thread(target=self._pump_stdout, args=(self.proc.stdout,), daemon=True).start()
+        deadline = time.monotonic() + START_TIMEOUT
+        seen: List[str] = []
+        while not (self.url and self.key):
+            left = deadline - time.monotonic()
+            if left <= 0:
+                self.kill()
+                raise RuntimeError(
+                    f"`{' '.join(cmd)}` printed no DSEC_API_URL/DSEC_API_KEY within {START_TIMEOUT:.0f} s; "
+                    f"stdout: {seen!r}\nstderr:\n{self.stderr_tail()}"
+                )
+            try:
+                line = self._stdout_lines.get(timeout=min(left, 1.0))
+            except queue.Empty:
+                if self.proc.poll() is not None:
+                    raise RuntimeError(
+                        f"`{' '.join(cmd)}` exited with {self.proc.returncode} before printing its URL; "
+                        f"stdout: {seen!r}\nstderr:\n{self.stderr_tail()}"
+                    )
+                continue
+            if line is None:
+                self.proc.wait(timeout=10)
+                raise RuntimeError(
+                    f"`{' '.join(cmd)}` closed stdout (exit {self.proc.returncode}) before printing its URL; "
+                    f"stdout: {seen!r}\nstderr:\n{self.stderr_tail()}"
+                )
+            seen.append(line)
+            if line.startswith("DSEC_API_URL="):
+                self.url = line.split("=", 1)[1].strip()
+            elif line.startswith("DSEC_API_KEY="):
+                self.key = line.split("=", 1)[1].strip()
+        return self
+
+    def env(self) -> Dict[str, str]:
+        env = dict(os.environ)
+        env["DSEC_API_URL"] = self.url
+        env["DSEC_API_KEY"] = self.key
+        return env
+
+    def cli(self, *args: str, timeout: float = 120.0, check: bool = True, input: Optional[bytes] = None) -> subprocess.CompletedProcess:
+        """Runs `dsec ARGS...` against this instance; returns the completed process (text)."""
+        proc = subprocess.run(
+            [self.binary, *args], env=self.env(), capture_output=True, timeout=timeout, input=input
+        )
+        if check and proc.returncode != 0:
+            raise AssertionError(
+                f"`dsec {' '.join(args)}` exited {proc.returncode}\nstdout: {proc.stdout.decode(errors='replace')}\n"
+                f"stderr: {proc.stderr.decode(errors='replace')}"
+            )
+        return proc
+
+    def client(self) -> dsec.sync.DSecClient:
+        return dsec.sync.DSecClient(api_url=self.url, api_key=self.key, timeout=120)
+
+    def aclient(self) -> dsec.DSecClient:
+        return dsec.DSecClient(api_url=self.url, api_key=self.key, timeout=120)
+
+    def stop(self, timeout: float = STOP_TIMEOUT) -> int:
+        """SIGTERM and wait; returns the exit status (SIGKILLs and raises after ``timeout``)."""
+        assert self.proc is not None
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=timeout)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(timeout=10)
+                raise AssertionError(
+                    f"dsec up (pid {self.proc.pid}) did not exit within {timeout:.0f} s of SIGTERM; killed it.\n"
+                    f"stderr:\n{self.stderr_tail()}"
+                )
+        return self.proc.returncode
+
+    def kill(self) -> None:
+        """SIGKILL (simulated crash)."""
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait(timeout=10)
+
+    def layer_files(self) -> List[str]:
+        return sorted(glob.glob(os.path.join(self.data_dir, "edge", "images", "layers", "*.erofs")))
+
+    def sandbox_dir(self, sandbox_id: str) -> str:
+        return os.path.join(self.data_dir, "edge", "sandboxes", sandbox_id)
+
+
+def remove_data_dir(path: str) -> None:
+    """Removes a test data dir, but never through a mount (would delete mounted content)."""
+    left = mounts_under(path)
+    if left:
+        print(f"\nNOT removing {path}: still mounted: {left}", file=sys.stderr)
+        return
+    shutil.rmtree(path, ignore_errors=True)
+
+
+def new_data_dir(tag: str) -> str:
+    return tempfile.mkdtemp(prefix=f"dsec-e2e-{tag}-", dir="/var/tmp")
+
+
+def make_sandbox(client, image: str = "busybox", **kw):
+    return client.run_container(DSecContainerRunArgs(container_image=image, **kw), timeout=120)
+
+
+def stop_quietly(sb) -> None:
+    try:
+        sb.stop()
+    except dsec.SandboxNotFound:
+        pass
+
+
+def sh(sb, cmd: str, **kw) -> str:
+    """Runs ``cmd`` and asserts it succeeded; returns stdout."""
+    r = sb.run_shell(cmd, **kw)
+    assert r.exit_code == 0 and not r.timed_out, (
+        f"{cmd!r} failed: exit {r.exit_code} signal {r.signal} timed_out {r.timed_out}\n"
+        f"stdout: {r.stdout[-2000:]}\nstderr: {r.stderr[-2000:]}"
+    )
+    return r.stdout
+
+
+def wait_until(pred, timeout: float = 10.0, interval: float = 0.1) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if pred():
+            return True
+        time.sleep(interval)
+    return pred()

@@ -1,0 +1,160 @@
+"""Lifecycle: stop cleans up everything, repeated cycles leak nothing, crash + restart recovers."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+
+import pytest
+
+import dsec
+from dsec import DSecContainerRunArgs
+from helpers import (
+    DsecUp,
+    dsec_cgroups,
+    dsec_processes,
+    make_sandbox,
+    mounts_under,
+    new_data_dir,
+    remove_data_dir,
+    sh,
+    wait_until,
+)
+
+
+def snapshot(node) -> dict:
+    sandboxes = os.path.join(node.data_dir, "edge", "sandboxes")
+    return {
+        "mounts": sorted(mounts_under(node.data_dir)),
+        "cgroups": sorted(dsec_cgroups(node.node_id)),
+        "procs": sorted(dsec_processes(node.node_id)),
+        "dirs": sorted(os.listdir(sandboxes)) if os.path.isdir(sandboxes) else [],
+    }
+
+
+def fd_count(pid: int) -> int:
+    return len(os.listdir(f"/proc/{pid}/fd"))
+
+
+def thread_count(pid: int) -> int:
+    return len(os.listdir(f"/proc/{pid}/task"))
+
+
+def warm_up(client) -> None:
+    """Create and stop one sandbox so that shared, cached state (layer mounts) exists."""
+    sb = make_sandbox(client, "busybox")
+    sh(sb, "true")
+    sb.stop()
+
+
+def test_stop_removes_everything(node, client):
+    warm_up(client)
+    before = snapshot(node)
+    sb = make_sandbox(client, "busybox")
+    sh(sb, "sleep 1000 >/dev/null 2>&1 & echo data > /tmp/f")
+    sid = sb.id
+    sb_dir = node.sandbox_dir(sid)
+    assert os.path.isdir(sb_dir), f"sandbox dir {sb_dir} missing while running"
+    cgs = dsec_cgroups(sid)
+    procs = dsec_processes(sid)
+    assert cgs, f"no cgroup containing {sid} under /sys/fs/cgroup/*/dsec"
+    assert procs, f"no process in a cgroup of {sid}"
+    info = sb.stop()
+    assert info.state == "stopped"
+    assert not os.path.exists(sb_dir), f"{sb_dir} left after stop: {os.listdir(sb_dir)}"
+    assert not dsec_cgroups(sid), f"cgroups left after stop: {sorted(dsec_cgroups(sid))}"
+    assert wait_until(lambda: not dsec_processes(sid), 5), f"processes left after stop: {dsec_processes(sid)}"
+    for pid in procs:
+        assert not os.path.exists(f"/proc/{pid}"), f"pid {pid} ({procs[pid]}) still alive after stop"
+    after = snapshot(node)
+    assert after == before, f"state differs after create+stop:\nbefore={before}\nafter={after}"
+    try:
+        again = client.get_sandbox(sid)
+        assert again.state in ("stopped", "failed")
+    except dsec.SandboxNotFound:
+        pass
+    with pytest.raises((dsec.SandboxNotFound, dsec.Conflict, dsec.SandboxDead)):
+        sb.run_shell("echo should-fail")
+
+
+def test_many_cycles_leak_nothing(node, client):
+    warm_up(client)
+    before = snapshot(node)
+    fds0, threads0 = fd_count(node.pid), thread_count(node.pid)
+    cycles, workers = 200, 4
+
+    async def worker(aclient, n, errors):
+        for _ in range(n):
+            sb = await aclient.run_container(DSecContainerRunArgs(container_image="busybox"))
+            try:
+                r = await sb.run_shell("echo cycle")
+                if r.stdout != "cycle\n":
+                    errors.append(r)
+            finally:
+                await sb.stop()
+
+    async def main():
+        errors = []
+        async with node.aclient() as aclient:
+            await asyncio.gather(*(worker(aclient, cycles // workers, errors) for _ in range(workers)))
+        return errors
+
+    errors = asyncio.run(main())
+    assert not errors, f"{len(errors)} cycles gave wrong output, first: {errors[0]}"
+    assert wait_until(lambda: snapshot(node) == before, 10), \
+        f"leak after {cycles} cycles:\nbefore={before}\nafter={snapshot(node)}"
+    fds1, threads1 = fd_count(node.pid), thread_count(node.pid)
+    assert fds1 - fds0 < 32, f"dsec up fds grew from {fds0} to {fds1} over {cycles} cycles"
+    assert threads1 - threads0 < 32, f"dsec up threads grew from {threads0} to {threads1}"
+
+
+def test_sigkill_and_restart_leaves_no_orphans(dsec_bin):
+    data = new_data_dir("crash")
+    node_id = "e2ecrash"
+    up = DsecUp(dsec_bin, data, node_id).start()
+    old_ids = []
+    try:
+        with up.client() as c:
+            for _ in range(2):
+                sb = make_sandbox(c, "busybox")
+                sh(sb, "sleep 1000 >/dev/null 2>&1 & echo x > /tmp/state")
+                old_ids.append(sb.id)
+        old_procs = {sid: dsec_processes(sid) for sid in old_ids}
+        assert all(old_procs.values()), f"sandbox processes not found before the crash: {old_procs}"
+        key = up.key
+        up.kill()
+
+        up2 = DsecUp(dsec_bin, data, node_id).start()
+        up = up2
+        assert up2.key == key, "the admin key changed across a restart on the same data dir"
+        for sid in old_ids:
+            assert wait_until(lambda: not dsec_processes(sid), 10), f"orphan processes of {sid}: {dsec_processes(sid)}"
+            assert not dsec_cgroups(sid), f"orphan cgroups of {sid}: {sorted(dsec_cgroups(sid))}"
+            assert not os.path.exists(up2.sandbox_dir(sid)), f"orphan dir of {sid}"
+            for pid in old_procs[sid]:
+                assert not os.path.exists(f"/proc/{pid}"), f"old pid {pid} {old_procs[sid][pid]} still alive"
+            leftover = [m for m in mounts_under(data) if sid in m]
+            assert not leftover, f"orphan mounts of {sid}: {leftover}"
+        with up2.client() as c:
+            for sid in old_ids:
+                try:
+                    info = c.get_sandbox(sid)
+                    assert info.state in ("stopped", "failed"), f"{sid} reported {info.state} after the crash"
+                except dsec.SandboxNotFound:
+                    pass
+            assert not [s.id for s in c.list_sandboxes() if s.id in old_ids and s.state == "running"]
+            sb = make_sandbox(c, "busybox")
+            assert sh(sb, "echo new-works") == "new-works\n"
+            sb.stop()
+        rc = up2.stop()
+        assert rc == 0, f"restarted dsec up exited {rc}\n{up2.stderr_tail()}"
+        assert not mounts_under(data), f"mounts left after shutdown: {mounts_under(data)}"
+        assert not dsec_cgroups(node_id), f"cgroups left after shutdown: {sorted(dsec_cgroups(node_id))}"
+        assert not dsec_processes(node_id), f"processes left: {dsec_processes(node_id)}"
+    finally:
+        if up.proc is not None and up.proc.poll() is None:
+            try:
+                up.stop()
+            except AssertionError:
+                pass
+        remove_data_dir(data)

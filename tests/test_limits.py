@@ -1,0 +1,92 @@
+"""Resource limits: memory (OOM), pids (fork bomb), command time, output size."""
+
+from __future__ import annotations
+
+import subprocess
+import threading
+import time
+
+from helpers import make_sandbox, sh, stop_quietly, vm_rss_kb, wait_until
+
+
+def test_memory_hog_is_oom_killed_and_sandbox_survives(client, debian):
+    sb = make_sandbox(client, debian, memory_limit_mb=128)
+    try:
+        hog = "python3 -c \"a=[]\nfor i in range(64): a.append(b'\\x01' * (16 << 20))\nprint('survived')\""
+        r = sb.run_shell(hog, timeout=60)
+        assert "survived" not in r.stdout, "allocating 1 GiB under a 128 MiB limit succeeded"
+        assert r.oom_killed, f"result not flagged oom_killed: {r}"
+        assert r.exit_code != 0
+        assert sh(sb, "echo still-works") == "still-works\n"
+        assert sh(sb, "python3 -c 'print(6*7)'") == "42\n"
+    finally:
+        stop_quietly(sb)
+
+
+def test_fork_bomb_held_by_pids_limit(client):
+    sb = make_sandbox(client, "busybox", pids_limit=64)
+    try:
+        t0 = time.monotonic()
+        r = sb.run_shell("bomb() { bomb | bomb & }; bomb; sleep 3", timeout=6)
+        assert time.monotonic() - t0 < 30
+        # the host is fine
+        assert subprocess.run(["true"]).returncode == 0
+
+        def recovered() -> bool:
+            try:
+                return sb.run_shell("echo ok", timeout=5).stdout == "ok\n"
+            except Exception:
+                return False
+
+        assert wait_until(recovered, 30, 0.5), "sandbox did not recover from the fork bomb"
+        n = int(sh(sb, "ls -d /proc/[0-9]* | wc -l").strip())
+        assert n < 16, f"{n} processes left in the sandbox after the bomb's command ended ({r})"
+    finally:
+        stop_quietly(sb)
+
+
+def test_timed_out_command_dies_with_children(bb):
+    r = bb.run_shell("sleep 2001 & (sleep 2002 &) ; sh -c 'sleep 2003' & sleep 2004", timeout=2)
+    assert r.timed_out
+
+    def gone() -> bool:
+        out = bb.run_shell("cat /proc/[0-9]*/cmdline 2>/dev/null | tr '\\0' ' '").stdout
+        return not any(f"sleep 200{i}" in out for i in range(1, 5))
+
+    assert wait_until(gone, 5), "children of a timed-out command are still running: " + \
+        bb.run_shell("ps -o pid,args").stdout
+
+
+def test_huge_output_truncated_and_server_memory_bounded(node, bb):
+    pid = node.pid
+    base = vm_rss_kb(pid)
+    peak = [base]
+    stop = threading.Event()
+
+    def sample():
+        while not stop.is_set():
+            try:
+                peak[0] = max(peak[0], vm_rss_kb(pid))
+            except (OSError, RuntimeError):
+                return
+            time.sleep(0.1)
+
+    t = threading.Thread(target=sample, daemon=True)
+    t.start()
+    try:
+        r = bb.run_shell("yes 0123456789abcdef | head -c 1073741824; echo done >&2", timeout=300)
+    finally:
+        stop.set()
+        t.join()
+    assert not r.timed_out, "1 GiB of output did not finish within 300 s"
+    assert r.exit_code == 0
+    assert r.stdout_truncated
+    assert len(r.stdout_bytes) <= 1024 * 1024, f"kept {len(r.stdout_bytes)} bytes, default limit is 1 MiB"
+    assert len(r.stdout_bytes) > 0
+    assert r.stdout_total_bytes == 1073741824, f"stdout_total_bytes={r.stdout_total_bytes}"
+    assert r.stderr == "done\n"
+    growth_mb = (peak[0] - base) / 1024
+    assert growth_mb < 200, f"dsec up RSS grew by {growth_mb:.0f} MB while the sandbox printed 1 GiB"
+    # a smaller explicit limit is honoured
+    r = bb.run_shell("head -c 100000 /dev/zero", max_output_bytes=1000)
+    assert r.stdout_truncated and len(r.stdout_bytes) == 1000
