@@ -3,7 +3,276 @@
 //! Started as PID 1 of a container with the edge channel on fd 3 (an inherited socket, never a
 //! path inside the sandbox). Reads `Setup`, builds the sandbox ([`setup`]), answers `Ready`, then
 //! serves requests until the channel closes or `Shutdown` arrives.
+//!
+//! `--mode bare [--fd N]` skips setup (tests on the host, VM guests): it sends `Ready` with id 0
+//! unsolicited and serves as the current user.
+//!
+//! Threads: the main thread reads frames and dispatches; quick requests (file chunks, cancel,
+//! TTY input, ping) are handled inline, everything that can block gets its own small-stack
+//! thread; one reaper thread waits for every child. An idle sandbox has two threads.
 
+mod channel;
+mod chronus;
+mod command;
+mod exec;
+mod files;
+mod output;
+mod procs;
+mod reaper;
+mod server;
 mod setup;
+mod sys;
+mod tty;
+mod users;
 
-fn main() {}
+use std::collections::BTreeMap;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use dsec_wire::aether::{AetherErrorKind, Reply, Request};
+
+use channel::{Incoming, ReadError, Writer};
+use server::Server;
+
+const VERSION: &str = env!("CARGO_PKG_VERSION");
+/// The edge's listener for reattaching (container mode, optional).
+const REATTACH_FD: RawFd = 4;
+
+#[derive(Debug, PartialEq, Eq)]
+enum Mode {
+    Container,
+    Bare,
+}
+
+#[derive(Debug, PartialEq, Eq)]
+struct Args {
+    mode: Mode,
+    fd: RawFd,
+}
+
+fn parse_args(args: &[String]) -> Result<Args, String> {
+    let mut a = Args { mode: Mode::Container, fd: 3 };
+    let mut it = args.iter();
+    while let Some(arg) = it.next() {
+        match arg.as_str() {
+            "--mode" => match it.next().map(String::as_str) {
+                Some("container") => a.mode = Mode::Container,
+                Some("bare") => a.mode = Mode::Bare,
+                other => return Err(format!("--mode must be container or bare, not {other:?}")),
+            },
+            "--fd" => {
+                a.fd = it.next().and_then(|v| v.parse().ok()).filter(|&fd| fd >= 0).ok_or("--fd needs a file descriptor number")?;
+            }
+            "--version" => {
+                println!("dsec-aether {VERSION}");
+                std::process::exit(0);
+            }
+            other => return Err(format!("unknown argument {other:?}")),
+        }
+    }
+    if a.mode == Mode::Container && a.fd != 3 {
+        return Err("--fd is only for --mode bare (containers always use fd 3)".into());
+    }
+    Ok(a)
+}
+
+/// Exits the whole process (any thread may call it).
+pub fn exit(code: i32) -> ! {
+    std::process::exit(code)
+}
+
+/// Creates the dir for per-call files: 0711 so that the sandbox user can open its own files
+/// there by name but cannot list it.
+fn make_run_dir(bare: bool) -> std::io::Result<PathBuf> {
+    use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
+    let dir = if bare {
+        let n = sys::nonce()?;
+        std::env::temp_dir().join(format!("dsec-aether.{}.{}", sys::getpid(), &n[..8]))
+    } else {
+        PathBuf::from("/run/dsec-aether")
+    };
+    if !bare {
+        let _ = std::fs::create_dir_all("/run");
+    }
+    match std::fs::DirBuilder::new().mode(0o711).create(&dir) {
+        Ok(()) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists && !bare => {}
+        Err(e) => return Err(e),
+    }
+    std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o711))?;
+    Ok(dir)
+}
+
+fn main() {
+    let argv: Vec<String> = std::env::args().skip(1).collect();
+    let args = match parse_args(&argv) {
+        Ok(a) => a,
+        Err(e) => {
+            eprintln!("dsec-aether: {e}");
+            exit(2);
+        }
+    };
+    sys::tune_malloc();
+    sys::ignore_signals();
+    sys::ensure_std_fds();
+    // SAFETY: F_GETFD takes no pointers.
+    if unsafe { libc::fcntl(args.fd, libc::F_GETFD) } < 0 {
+        eprintln!("dsec-aether: channel fd {} is not open", args.fd);
+        exit(2);
+    }
+    // SAFETY: the channel fd was inherited for us alone and is checked open above; from here
+    // on it is owned by the reader (and a dup by the writer).
+    let chan = unsafe { OwnedFd::from_raw_fd(args.fd) };
+    // SAFETY: F_SETFD with an int flag: commands must never inherit the channel.
+    unsafe { libc::fcntl(chan.as_raw_fd(), libc::F_SETFD, libc::FD_CLOEXEC) };
+    let wfd = match chan.try_clone() {
+        Ok(fd) => fd,
+        Err(e) => {
+            eprintln!("dsec-aether: dup channel: {e}");
+            exit(2);
+        }
+    };
+    let w = Writer::new(wfd);
+
+    let (user, env, grace) = match args.mode {
+        Mode::Bare => {
+            sys::set_child_subreaper();
+            w.send(0, Reply::Ready { pid_in_host: None, aether_version: VERSION.into() }, &[]);
+            (users::current(), BTreeMap::new(), 0)
+        }
+        Mode::Container => match container_setup(chan.as_raw_fd(), &w) {
+            Ok(v) => v,
+            Err(code) => exit(code),
+        },
+    };
+    let run_dir = match make_run_dir(args.mode == Mode::Bare) {
+        Ok(d) => d,
+        Err(e) => {
+            eprintln!("dsec-aether: create run dir: {e}");
+            exit(1);
+        }
+    };
+    let reaper = match reaper::Reaper::start() {
+        Ok(r) => r,
+        Err(e) => {
+            eprintln!("dsec-aether: start reaper: {e}");
+            exit(1);
+        }
+    };
+    let srv = Arc::new(Server::new(w, reaper, user, env, run_dir.clone(), args.mode == Mode::Container));
+    let bare_dir = (args.mode == Mode::Bare).then_some(run_dir);
+    serve(&srv, chan, grace);
+    srv.kill_everything();
+    if let Some(d) = bare_dir {
+        let _ = std::fs::remove_dir_all(d);
+    }
+    exit(0);
+}
+
+/// Container mode: the first frame must be `Setup`. Returns the sandbox user, `setup.env` and
+/// the reattach grace, or the exit code after reporting the error.
+fn container_setup(fd: RawFd, w: &Writer) -> Result<(users::User, BTreeMap<String, String>, u64), i32> {
+    let (id, setup) = match channel::read_frame(fd) {
+        Ok(Incoming::Request(id, Request::Setup(s), _)) => (id, s),
+        Ok(Incoming::Request(id, _, _)) | Ok(Incoming::Bad(id, _)) => {
+            w.error(id, AetherErrorKind::Setup, "the first request must be setup");
+            return Err(1);
+        }
+        Err(e) => {
+            eprintln!("dsec-aether: reading setup: {e}");
+            return Err(1);
+        }
+    };
+    if let Err(e) = setup::container::apply(&setup) {
+        w.error(id, AetherErrorKind::Setup, format!("sandbox setup: {e}"));
+        return Err(1);
+    }
+    let user = match users::resolve_here(if setup.user.is_empty() { "0" } else { &setup.user }) {
+        Ok(u) => u,
+        Err(e) => {
+            w.error(id, AetherErrorKind::Setup, format!("sandbox setup: {e}"));
+            return Err(1);
+        }
+    };
+    w.send(id, Reply::Ready { pid_in_host: None, aether_version: VERSION.into() }, &[]);
+    Ok((user, setup.env, setup.reattach_grace_ms))
+}
+
+/// Reads and dispatches frames until the channel ends (and no edge reattaches in time).
+fn serve(srv: &Arc<Server>, mut chan: OwnedFd, grace_ms: u64) {
+    loop {
+        match channel::read_frame(chan.as_raw_fd()) {
+            Ok(Incoming::Request(id, req, body)) => srv.dispatch(id, req, body),
+            Ok(Incoming::Bad(id, msg)) => {
+                srv.w.error(id, AetherErrorKind::BadRequest, format!("cannot decode request: {msg}"));
+            }
+            Err(e) => {
+                if !matches!(e, ReadError::Eof) {
+                    eprintln!("dsec-aether: channel: {e}");
+                }
+                match reattach(grace_ms) {
+                    Some(fd) => match fd.try_clone() {
+                        Ok(wfd) => {
+                            srv.w.replace(wfd);
+                            chan = fd;
+                            srv.w.send(0, Reply::Ready { pid_in_host: None, aether_version: VERSION.into() }, &[]);
+                        }
+                        Err(_) => return,
+                    },
+                    None => return,
+                }
+            }
+        }
+    }
+}
+
+/// Waits up to `grace_ms` for an edge to connect on the listener at fd 4.
+fn reattach(grace_ms: u64) -> Option<OwnedFd> {
+    if grace_ms == 0 {
+        return None;
+    }
+    let mut ty: libc::c_int = 0;
+    let mut len = std::mem::size_of::<libc::c_int>() as libc::socklen_t;
+    let mut listening: libc::c_int = 0;
+    let mut llen = len;
+    // SAFETY: getsockopt writes an int into valid out-pointers with their sizes.
+    let ok = unsafe {
+        libc::getsockopt(REATTACH_FD, libc::SOL_SOCKET, libc::SO_TYPE, (&mut ty as *mut libc::c_int).cast(), &mut len) == 0
+            && libc::getsockopt(REATTACH_FD, libc::SOL_SOCKET, libc::SO_ACCEPTCONN, (&mut listening as *mut libc::c_int).cast(), &mut llen) == 0
+    };
+    if !ok || listening == 0 {
+        return None;
+    }
+    let mut p = [libc::pollfd { fd: REATTACH_FD, events: libc::POLLIN, revents: 0 }];
+    let timeout = Duration::from_millis(grace_ms).as_millis().min(i32::MAX as u128) as i32;
+    if !matches!(sys::poll(&mut p, timeout), Ok(1)) {
+        return None;
+    }
+    // SAFETY: accept4 on a listening socket with NULL address pointers.
+    let fd = unsafe { libc::accept4(REATTACH_FD, std::ptr::null_mut(), std::ptr::null_mut(), libc::SOCK_CLOEXEC) };
+    if fd < 0 {
+        return None;
+    }
+    // SAFETY: accept4 returned a fresh descriptor we own.
+    Some(unsafe { OwnedFd::from_raw_fd(fd) })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn s(v: &[&str]) -> Vec<String> {
+        v.iter().map(|x| x.to_string()).collect()
+    }
+
+    #[test]
+    fn args() {
+        assert_eq!(parse_args(&[]).unwrap(), Args { mode: Mode::Container, fd: 3 });
+        assert_eq!(parse_args(&s(&["--mode", "bare", "--fd", "7"])).unwrap(), Args { mode: Mode::Bare, fd: 7 });
+        assert!(parse_args(&s(&["--mode", "vm"])).is_err());
+        assert!(parse_args(&s(&["--fd", "5"])).is_err());
+        assert!(parse_args(&s(&["--mode", "bare", "--fd", "x"])).is_err());
+    }
+}

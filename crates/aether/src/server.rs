@@ -1,0 +1,246 @@
+//! Request dispatch and the state shared by all request threads.
+
+use std::collections::{BTreeMap, HashMap};
+use std::ffi::CString;
+use std::os::fd::{AsRawFd, OwnedFd};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use dsec_wire::aether::{AetherErrorKind, Reply, Request};
+
+use crate::channel::Writer;
+use crate::reaper::Reaper;
+use crate::users::User;
+use crate::{chronus, exec, files, procs, sys, tty};
+
+pub const DEFAULT_PATH: &str = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
+/// Stack size of request threads: enough for our code, small for density.
+pub const THREAD_STACK: usize = 256 * 1024;
+
+/// Locks a mutex, ignoring poisoning (a panicked request thread must not wedge the others).
+pub fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// Lets `Cancel{target}` interrupt a running request.
+pub struct Cancel {
+    pub fired: AtomicBool,
+    pub efd: OwnedFd,
+}
+
+impl Cancel {
+    pub fn fd(&self) -> std::os::fd::RawFd {
+        self.efd.as_raw_fd()
+    }
+}
+
+/// Removes a request's cancel handle when the request ends.
+pub struct CancelGuard<'a> {
+    srv: &'a Server,
+    id: u64,
+    pub cancel: Arc<Cancel>,
+}
+
+impl Drop for CancelGuard<'_> {
+    fn drop(&mut self) {
+        lock(&self.srv.cancels).remove(&self.id);
+    }
+}
+
+pub struct Server {
+    pub w: Writer,
+    pub reaper: Arc<Reaper>,
+    /// The sandbox user.
+    pub user: User,
+    /// `setup.env`: given to every command.
+    pub base_env: BTreeMap<String, String>,
+    pub hostname: String,
+    /// Root-only (0711) dir for per-call files.
+    pub run_dir: PathBuf,
+    /// PID 1 of a container's pid namespace (kill(-1) kills the sandbox).
+    pub pid1: bool,
+    pub sessions: Mutex<HashMap<String, Arc<chronus::Session>>>,
+    pub cancels: Mutex<HashMap<u64, Arc<Cancel>>>,
+    pub uploads: Mutex<HashMap<u64, files::Upload>>,
+    pub ttys: Mutex<HashMap<u64, Arc<tty::Tty>>>,
+}
+
+impl Server {
+    pub fn new(w: Writer, reaper: Arc<Reaper>, user: User, base_env: BTreeMap<String, String>, run_dir: PathBuf, pid1: bool) -> Self {
+        Server {
+            w,
+            reaper,
+            user,
+            base_env,
+            hostname: sys::hostname(),
+            run_dir,
+            pid1,
+            sessions: Mutex::new(HashMap::new()),
+            cancels: Mutex::new(HashMap::new()),
+            uploads: Mutex::new(HashMap::new()),
+            ttys: Mutex::new(HashMap::new()),
+        }
+    }
+
+    /// Registers a cancellable request.
+    pub fn cancellable(&self, id: u64) -> std::io::Result<CancelGuard<'_>> {
+        let cancel = Arc::new(Cancel { fired: AtomicBool::new(false), efd: sys::eventfd()? });
+        lock(&self.cancels).insert(id, cancel.clone());
+        Ok(CancelGuard { srv: self, id, cancel })
+    }
+
+    /// Credentials for a child running as `user`; None when no switch is needed or possible.
+    pub fn creds_for(&self, user: &User) -> Option<sys::Creds> {
+        let (uid, gid) = sys::getuid_gid();
+        if sys::geteuid() != 0 || (user.uid == uid && user.gid == gid) {
+            return None;
+        }
+        Some(sys::Creds { uid: user.uid, gid: user.gid, groups: user.groups.clone() })
+    }
+
+    /// uid/gid new files are given to (None when we cannot chown).
+    pub fn owner(&self) -> Option<(u32, u32)> {
+        (sys::geteuid() == 0).then_some((self.user.uid, self.user.gid))
+    }
+
+    /// The environment of a command run as `user`: defaults, then `setup.env`, then `extra`.
+    pub fn env_map(&self, user: &User, extra: &BTreeMap<String, String>, tty: bool) -> BTreeMap<String, String> {
+        let mut env = BTreeMap::new();
+        env.insert("PATH".to_string(), DEFAULT_PATH.to_string());
+        env.insert("HOSTNAME".to_string(), self.hostname.clone());
+        if tty {
+            env.insert("TERM".to_string(), "xterm".to_string());
+        }
+        for (k, v) in &self.base_env {
+            env.insert(k.clone(), v.clone());
+        }
+        // HOME/USER describe whoever runs the command, unless the image's env pins them for the
+        // sandbox user.
+        if user.uid != self.user.uid || !self.base_env.contains_key("HOME") {
+            env.insert("HOME".to_string(), user.home.clone());
+        }
+        if user.uid != self.user.uid || !self.base_env.contains_key("USER") {
+            env.insert("USER".to_string(), user.name.clone());
+            env.insert("LOGNAME".to_string(), user.name.clone());
+        }
+        for (k, v) in extra {
+            env.insert(k.clone(), v.clone());
+        }
+        env
+    }
+
+    pub fn env_vec(env: &BTreeMap<String, String>) -> Vec<CString> {
+        env.iter().filter(|(k, _)| !k.is_empty() && !k.contains('=')).filter_map(|(k, v)| CString::new(format!("{k}={v}")).ok()).collect()
+    }
+
+    /// Resolves a request path: relative paths are relative to the sandbox user's home.
+    pub fn resolve_path(&self, p: &str) -> PathBuf {
+        let path = Path::new(p);
+        if path.is_absolute() {
+            path.to_path_buf()
+        } else {
+            Path::new(&self.user.home).join(path)
+        }
+    }
+
+    /// The cwd a command starts in: the given one (relative to home) or home, or / when home
+    /// does not exist.
+    pub fn start_dir(&self, user: &User, cwd: Option<&str>) -> PathBuf {
+        match cwd {
+            Some(c) if Path::new(c).is_absolute() => PathBuf::from(c),
+            Some(c) => Path::new(&user.home).join(c),
+            None if Path::new(&user.home).is_dir() => PathBuf::from(&user.home),
+            None => PathBuf::from("/"),
+        }
+    }
+
+    /// Kills every process aether started (PID 1: the whole pid namespace).
+    pub fn kill_everything(&self) {
+        if self.pid1 && sys::getpid() == 1 {
+            // kill(-1) from PID 1 of a pid namespace signals every other process in it.
+            sys::kill(-1, libc::SIGKILL);
+            return;
+        }
+        let leaders: Vec<i32> = lock(&self.sessions).values().map(|s| s.leader()).collect();
+        for l in leaders {
+            procs::kill_session(l);
+        }
+        let me = sys::getpid();
+        for _ in 0..3 {
+            let all = procs::scan();
+            let victims: Vec<procs::Proc> = all.iter().filter(|p| procs::descendants(&all, me).contains(&p.pid)).copied().collect();
+            if victims.is_empty() {
+                break;
+            }
+            procs::kill_procs(&victims, 0);
+        }
+    }
+
+    /// Handles one request. Quick ones run inline on the reader thread; anything that can
+    /// block runs on its own thread.
+    pub fn dispatch(self: &Arc<Self>, id: u64, req: Request, body: Vec<u8>) {
+        match req {
+            Request::Setup(_) => {
+                self.w.error(id, AetherErrorKind::BadRequest, "setup was already done");
+            }
+            Request::Ping => {
+                let sessions = lock(&self.sessions).len() as u32;
+                let all = procs::scan();
+                let processes = procs::descendants(&all, sys::getpid()).len() as u32;
+                self.w.send(id, Reply::Pong { sessions, processes }, &[]);
+            }
+            Request::Cancel { target } => {
+                if let Some(c) = lock(&self.cancels).get(&target) {
+                    c.fired.store(true, Ordering::SeqCst);
+                    sys::eventfd_signal(c.fd());
+                }
+                self.w.send(id, Reply::Done, &[]);
+            }
+            Request::WriteBegin { path, mode, make_parents } => files::write_begin(self, id, &path, mode, make_parents),
+            Request::WriteChunk => files::write_chunk(self, id, &body),
+            Request::WriteEnd => files::write_end(self, id),
+            Request::TtyInput { target } => tty::input(self, id, target, body),
+            Request::TtyResize { target, rows, cols } => tty::resize(self, id, target, rows, cols),
+            Request::CloseSession { session } => {
+                chronus::close(self, &session);
+                self.w.send(id, Reply::Done, &[]);
+            }
+            Request::Shutdown => {
+                self.kill_everything();
+                self.w.send(id, Reply::Done, &[]);
+                crate::exit(0);
+            }
+            other => {
+                let srv = self.clone();
+                let spawned = std::thread::Builder::new().stack_size(THREAD_STACK).spawn(move || {
+                    srv.handle_slow(id, other, body);
+                    sys::trim_heap();
+                });
+                if let Err(e) = spawned {
+                    self.w.error(id, AetherErrorKind::Internal, format!("start a thread for request {id}: {e}"));
+                }
+            }
+        }
+    }
+
+    fn handle_slow(self: &Arc<Self>, id: u64, req: Request, body: Vec<u8>) {
+        match req {
+            Request::RunShell { session, cmd, timeout_ms, env, cwd, max_output, stream } => {
+                chronus::run(self, id, chronus::RunArgs { session, cmd, timeout_ms, env, cwd, max_output, stream }, body)
+            }
+            Request::Exec { argv, timeout_ms, env, cwd, user, max_output, stream } => {
+                exec::run(self, id, exec::ExecArgs { argv, timeout_ms, env, cwd, user, max_output, stream }, body)
+            }
+            Request::ReadFile { path } => files::read_file(self, id, &path),
+            Request::ListDir { path } => files::list_dir(self, id, &path),
+            Request::Stat { path } => files::stat(self, id, &path),
+            Request::Remove { path, recursive } => files::remove(self, id, &path, recursive),
+            Request::Mkdir { path, mode, parents } => files::mkdir(self, id, &path, mode, parents),
+            Request::TtyOpen { rows, cols, cmd, env } => tty::open(self, id, rows, cols, cmd, env),
+            _ => {
+                self.w.error(id, AetherErrorKind::BadRequest, "unexpected request");
+            }
+        }
+    }
+}
