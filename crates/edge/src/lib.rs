@@ -1,1 +1,191 @@
 //! The edge: one per node. Admission, sandbox lifecycle, layers and the edge HTTP API.
+//!
+//! ```ignore
+//! let edge = Edge::start(config).await?;          // recovers, mounts nothing yet
+//! println!("edge token: {}", edge.token());
+//! let listener = tokio::net::TcpListener::bind(edge.config().listen).await?;
+//! axum::serve(listener, edge.router()).with_graceful_shutdown(signal).await?;
+//! edge.shutdown().await;                           // stops every sandbox, unmounts layers
+//! ```
+//!
+//! Layout: [`config`] (typed config + `validate`), [`manager`] (lifecycle and admission, the
+//! one place with business logic), [`records`] (persisted sandbox records), [`commands`],
+//! [`files`], [`tty`] (API ↔ aether protocol translation), [`http`] (routes, one file per
+//! resource), [`error`] (the one place errors become HTTP codes), [`metrics`], [`substrate`]
+//! (object-safe adapter over `dsec_runtime` substrates).
+//!
+//! # Restart after a crash
+//!
+//! Aether exits when its channel breaks, so when an edge dies every one of its sandboxes is
+//! already gone. At start the edge therefore reads every `<data>/edge/sandboxes/*/record.json`,
+//! kills the recorded aether if it is somehow still alive, lets the substrate reap leftover
+//! cgroups and processes, removes the directories and cleans stale layer mounts. Sandboxes are
+//! cleaned, not re-adopted; the pause issue adds re-adoption.
+
+pub mod commands;
+pub mod config;
+pub mod error;
+pub mod files;
+pub mod http;
+pub mod manager;
+pub mod metrics;
+pub mod records;
+pub mod substrate;
+pub mod tty;
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use dsec_image::ImageStore;
+use dsec_runtime::container::{ContainerConfig, ContainerSubstrate};
+
+pub use config::EdgeConfig;
+pub use error::EdgeError;
+pub use manager::Manager;
+
+use crate::metrics::Metrics;
+use crate::substrate::{ContainerDriver, Driver};
+
+/// Why the edge could not start.
+#[derive(Debug, thiserror::Error)]
+pub enum StartEdgeError {
+    #[error(transparent)]
+    Config(#[from] config::ConfigError),
+    #[error("aether binary not found (build it with `cargo build --release -p dsec-aether` or set DSEC_AETHER); looked at: {0}")]
+    AetherNotFound(String),
+    #[error("prepare {path}: {source}")]
+    Dir {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("edge token file {path}: {source}")]
+    Token {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("image store: {0}")]
+    Images(#[from] dsec_image::ImageError),
+    #[error("container substrate: {0}")]
+    Substrate(String),
+}
+
+/// A running edge.
+pub struct Edge {
+    cfg: Arc<EdgeConfig>,
+    token: String,
+    manager: Arc<Manager>,
+    reaped: Vec<String>,
+}
+
+impl Edge {
+    /// Starts an edge with the container substrate.
+    pub async fn start(config: EdgeConfig) -> Result<Edge, StartEdgeError> {
+        config.validate()?;
+        let aether_path = config.resolve_aether_path().map_err(|tried| {
+            StartEdgeError::AetherNotFound(
+                tried
+                    .iter()
+                    .map(|p| p.display().to_string())
+                    .collect::<Vec<_>>()
+                    .join(", "),
+            )
+        })?;
+        let substrate = ContainerSubstrate::new(ContainerConfig {
+            aether_path,
+            cgroup_parent: config.cgroup_parent(),
+            shm_mb: config.shm_mb,
+        });
+        Self::start_with_driver(config, Arc::new(ContainerDriver::new(substrate))).await
+    }
+
+    /// Starts an edge on any substrate driver: opens the image store, reaps what a crashed
+    /// earlier run left behind, cleans stale mounts and makes sure `busybox` exists.
+    pub async fn start_with_driver(
+        config: EdgeConfig,
+        driver: Arc<dyn Driver>,
+    ) -> Result<Edge, StartEdgeError> {
+        config.validate()?;
+        for dir in [
+            config.edge_dir(),
+            config.images_dir(),
+            config.sandboxes_dir(),
+        ] {
+            std::fs::create_dir_all(&dir).map_err(|source| StartEdgeError::Dir {
+                path: dir.clone(),
+                source,
+            })?;
+        }
+        let token = match &config.token {
+            Some(t) => t.clone(),
+            None => load_or_make_token(&config.edge_dir().join("token"))?,
+        };
+        let images = Arc::new(ImageStore::open(config.images_dir())?);
+        let cfg = Arc::new(config);
+        let metrics = Arc::new(Metrics::new(&cfg.node_id));
+        let manager = Arc::new(Manager::new(cfg.clone(), driver, images.clone(), metrics));
+        let reaped = manager.recover().await;
+        images.cleanup_stale_mounts()?;
+        images.ensure_busybox().await?;
+        tracing::info!(node = %cfg.node_id, reaped = reaped.len(), "edge started");
+        Ok(Edge {
+            cfg,
+            token,
+            manager,
+            reaped,
+        })
+    }
+
+    /// The axum router serving `/edge/v1`, `/metrics` and `/healthz`.
+    pub fn router(&self) -> axum::Router {
+        http::router(self.manager.clone(), &self.token)
+    }
+
+    /// The bearer token clients must present (configured or generated).
+    pub fn token(&self) -> &str {
+        &self.token
+    }
+
+    pub fn config(&self) -> &EdgeConfig {
+        &self.cfg
+    }
+
+    pub fn manager(&self) -> &Arc<Manager> {
+        &self.manager
+    }
+
+    /// Sandboxes of an earlier run that were cleaned at start.
+    pub fn reaped(&self) -> &[String] {
+        &self.reaped
+    }
+
+    /// Stops every sandbox and unmounts every layer.
+    pub async fn shutdown(&self) {
+        self.manager.shutdown().await;
+    }
+}
+
+/// Reads the token kept in `path`, or makes a new random one and keeps it there (mode 0600).
+fn load_or_make_token(path: &Path) -> Result<String, StartEdgeError> {
+    let err = |source| StartEdgeError::Token {
+        path: path.to_path_buf(),
+        source,
+    };
+    match std::fs::read_to_string(path) {
+        Ok(t) if t.trim().len() >= 16 => return Ok(t.trim().to_string()),
+        Ok(_) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+        Err(e) => return Err(err(e)),
+    }
+    let token = hex::encode(rand::random::<[u8; 24]>());
+    use std::io::Write as _;
+    use std::os::unix::fs::OpenOptionsExt as _;
+    let mut f = std::fs::OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .mode(0o600)
+        .open(path)
+        .map_err(err)?;
+    f.write_all(token.as_bytes()).map_err(err)?;
+    Ok(token)
+}

@@ -1,0 +1,275 @@
+//! The edge's error type and the ONE place errors become HTTP answers.
+//!
+//! Every manager method returns [`EdgeError`]; each variant has a stable wire code
+//! ([`dsec_wire::api::codes`]) and a message that tells the caller what to fix. User errors are
+//! 4xx; internal ones are 5xx and logged with their chain.
+
+use axum::extract::rejection::{JsonRejection, PathRejection, QueryRejection};
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use dsec_image::ImageError;
+use dsec_runtime::aether_client::ChannelError;
+use dsec_runtime::substrate::CreateSandboxError;
+use dsec_wire::aether::{AetherError, AetherErrorKind};
+use dsec_wire::api::{codes, limits, status_for_code, ErrorBody, ErrorDetail};
+
+/// Anything an edge operation can fail with.
+#[derive(Debug, thiserror::Error)]
+pub enum EdgeError {
+    #[error("{0}")]
+    BadRequest(String),
+    #[error("{0}")]
+    Unauthorized(String),
+    #[error("{0}")]
+    Forbidden(String),
+    #[error("sandbox {0} not found on this node")]
+    SandboxNotFound(String),
+    #[error("{0}")]
+    ImageNotFound(String),
+    #[error("{0}")]
+    FileNotFound(String),
+    #[error("{0}")]
+    NotFound(String),
+    #[error("{0}")]
+    Conflict(String),
+    #[error("{0}")]
+    PayloadTooLarge(String),
+    #[error("{0}")]
+    NodeFull(String),
+    #[error("{0}")]
+    Unavailable(String),
+    #[error("{0}")]
+    SandboxDead(String),
+    #[error("{0}")]
+    Unsupported(String),
+    #[error("{0}")]
+    Internal(String),
+}
+
+/// What an aether error was about, so `NotFound` maps to the right code.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Subject {
+    File,
+    Session,
+    Other,
+}
+
+impl EdgeError {
+    /// Stable wire code.
+    pub fn code(&self) -> &'static str {
+        match self {
+            EdgeError::BadRequest(_) => codes::BAD_REQUEST,
+            EdgeError::Unauthorized(_) => codes::UNAUTHORIZED,
+            EdgeError::Forbidden(_) => codes::FORBIDDEN,
+            EdgeError::SandboxNotFound(_) => codes::SANDBOX_NOT_FOUND,
+            EdgeError::ImageNotFound(_) => codes::IMAGE_NOT_FOUND,
+            EdgeError::FileNotFound(_) => codes::FILE_NOT_FOUND,
+            EdgeError::NotFound(_) => codes::NOT_FOUND,
+            EdgeError::Conflict(_) => codes::CONFLICT,
+            EdgeError::PayloadTooLarge(_) => codes::PAYLOAD_TOO_LARGE,
+            EdgeError::NodeFull(_) => codes::NODE_FULL,
+            EdgeError::Unavailable(_) => codes::NODE_UNAVAILABLE,
+            EdgeError::SandboxDead(_) => codes::SANDBOX_DEAD,
+            EdgeError::Unsupported(_) => codes::UNSUPPORTED,
+            EdgeError::Internal(_) => codes::INTERNAL,
+        }
+    }
+
+    /// HTTP status of the answer.
+    pub fn status(&self) -> StatusCode {
+        StatusCode::from_u16(status_for_code(self.code()))
+            .unwrap_or(StatusCode::INTERNAL_SERVER_ERROR)
+    }
+
+    /// The wire form (also used for `StreamEvent::Error`).
+    pub fn detail(&self) -> ErrorDetail {
+        ErrorDetail {
+            code: self.code().to_string(),
+            message: self.to_string(),
+        }
+    }
+
+    /// An internal error with its whole source chain in the message.
+    pub fn internal(context: &str, err: &(dyn std::error::Error + 'static)) -> Self {
+        let mut msg = format!("{context}: {err}");
+        let mut src = err.source();
+        while let Some(s) = src {
+            msg.push_str(&format!(": {s}"));
+            src = s.source();
+        }
+        EdgeError::Internal(msg)
+    }
+
+    /// Maps an error of a call on a sandbox's channel.
+    pub fn from_channel(sandbox: &str, subject: Subject, err: ChannelError) -> Self {
+        match err {
+            ChannelError::Closed => EdgeError::SandboxDead(format!(
+                "sandbox {sandbox} is gone: the channel to its agent closed (it was stopped or died)"
+            )),
+            ChannelError::Aether(e) => Self::from_aether(subject, e),
+            other => EdgeError::internal(&format!("sandbox {sandbox}"), &other),
+        }
+    }
+
+    /// Maps an `Error` reply from aether.
+    pub fn from_aether(subject: Subject, e: AetherError) -> Self {
+        match e.kind {
+            AetherErrorKind::BadRequest | AetherErrorKind::WrongKind => {
+                EdgeError::BadRequest(e.message)
+            }
+            AetherErrorKind::NotFound => match subject {
+                Subject::File => EdgeError::FileNotFound(e.message),
+                Subject::Session | Subject::Other => EdgeError::NotFound(e.message),
+            },
+            AetherErrorKind::PermissionDenied => EdgeError::Forbidden(e.message),
+            AetherErrorKind::Setup | AetherErrorKind::Internal => {
+                EdgeError::Internal(format!("sandbox agent: {}", e.message))
+            }
+        }
+    }
+
+    /// Maps an image store error.
+    pub fn from_image(err: ImageError) -> Self {
+        match err {
+            ImageError::NotFound(_) => EdgeError::ImageNotFound(err.to_string()),
+            ImageError::InvalidName(_) => EdgeError::BadRequest(err.to_string()),
+            ImageError::InUse { .. } => EdgeError::Conflict(err.to_string()),
+            ImageError::Import { .. } => EdgeError::BadRequest(err.to_string()),
+            ImageError::Mount { .. } | ImageError::Corrupt { .. } | ImageError::Io(_) => {
+                EdgeError::internal("image store", &err)
+            }
+        }
+    }
+
+    /// Maps a substrate create error.
+    pub fn from_create(err: CreateSandboxError) -> Self {
+        match err {
+            CreateSandboxError::InvalidSpec(m) => {
+                EdgeError::BadRequest(format!("invalid sandbox spec: {m}"))
+            }
+            other => EdgeError::internal("create sandbox", &other),
+        }
+    }
+}
+
+impl IntoResponse for EdgeError {
+    fn into_response(self) -> Response {
+        let status = self.status();
+        if status.is_server_error() {
+            tracing::error!(code = self.code(), error = %self, "request failed");
+        } else {
+            tracing::debug!(code = self.code(), error = %self, "request rejected");
+        }
+        (
+            status,
+            axum::Json(ErrorBody {
+                error: self.detail(),
+            }),
+        )
+            .into_response()
+    }
+}
+
+impl From<JsonRejection> for EdgeError {
+    fn from(r: JsonRejection) -> Self {
+        match r {
+            JsonRejection::BytesRejection(b) if b.status() == StatusCode::PAYLOAD_TOO_LARGE => {
+                EdgeError::PayloadTooLarge(format!(
+                    "request body is larger than the {} bytes allowed for JSON requests",
+                    limits::MAX_JSON_BODY
+                ))
+            }
+            JsonRejection::MissingJsonContentType(_) => EdgeError::BadRequest(
+                "expected a JSON body: set `content-type: application/json`".to_string(),
+            ),
+            other => EdgeError::BadRequest(other.body_text()),
+        }
+    }
+}
+
+impl From<PathRejection> for EdgeError {
+    fn from(r: PathRejection) -> Self {
+        EdgeError::BadRequest(r.body_text())
+    }
+}
+
+impl From<QueryRejection> for EdgeError {
+    fn from(r: QueryRejection) -> Self {
+        EdgeError::BadRequest(r.body_text())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn codes_map_to_statuses() {
+        let cases = [
+            (EdgeError::BadRequest("x".into()), 400),
+            (EdgeError::Unauthorized("x".into()), 401),
+            (EdgeError::Forbidden("x".into()), 403),
+            (EdgeError::SandboxNotFound("sb".into()), 404),
+            (EdgeError::ImageNotFound("x".into()), 404),
+            (EdgeError::FileNotFound("x".into()), 404),
+            (EdgeError::Conflict("x".into()), 409),
+            (EdgeError::SandboxDead("x".into()), 410),
+            (EdgeError::PayloadTooLarge("x".into()), 413),
+            (EdgeError::Unsupported("x".into()), 501),
+            (EdgeError::NodeFull("x".into()), 503),
+            (EdgeError::Internal("x".into()), 500),
+        ];
+        for (e, status) in cases {
+            assert_eq!(e.status().as_u16(), status, "{e:?}");
+        }
+    }
+
+    #[test]
+    fn aether_errors_by_subject() {
+        let nf = AetherError {
+            kind: AetherErrorKind::NotFound,
+            message: "no such file: /x".into(),
+        };
+        assert_eq!(
+            EdgeError::from_aether(Subject::File, nf.clone()).code(),
+            codes::FILE_NOT_FOUND
+        );
+        assert_eq!(
+            EdgeError::from_aether(Subject::Session, nf).code(),
+            codes::NOT_FOUND
+        );
+        let pd = AetherError {
+            kind: AetherErrorKind::PermissionDenied,
+            message: "denied".into(),
+        };
+        assert_eq!(
+            EdgeError::from_aether(Subject::File, pd).code(),
+            codes::FORBIDDEN
+        );
+        let closed = EdgeError::from_channel(
+            "sb-n0-0000000000000001",
+            Subject::Other,
+            ChannelError::Closed,
+        );
+        assert_eq!(closed.code(), codes::SANDBOX_DEAD);
+    }
+
+    #[test]
+    fn image_errors() {
+        let e = EdgeError::from_image(ImageError::NotFound("nope".into()));
+        assert_eq!(e.code(), codes::IMAGE_NOT_FOUND);
+        assert!(e.to_string().contains("nope") && e.to_string().contains("import"));
+        let e = EdgeError::from_image(ImageError::InUse {
+            name: "a".into(),
+            users: 2,
+        });
+        assert_eq!(e.status().as_u16(), 409);
+    }
+
+    #[test]
+    fn internal_keeps_the_chain() {
+        let io = std::io::Error::other("disk on fire");
+        let e = EdgeError::internal("write record", &io);
+        assert!(e.to_string().contains("write record: disk on fire"));
+    }
+}

@@ -1,0 +1,24 @@
+//! `GET /edge/v1/status`, `GET /metrics`, `GET /healthz`.
+
+use axum::extract::State;
+use axum::http::header;
+use axum::response::IntoResponse;
+use axum::Json;
+use dsec_wire::api::NodeStatus;
+
+use super::AppState;
+
+pub async fn status(State(s): State<AppState>) -> Json<NodeStatus> {
+    Json(s.mgr.status())
+}
+
+pub async fn metrics(State(s): State<AppState>) -> impl IntoResponse {
+    (
+        [(header::CONTENT_TYPE, "text/plain; version=0.0.4")],
+        s.mgr.metrics().render(),
+    )
+}
+
+pub async fn healthz() -> &'static str {
+    "ok\n"
+}

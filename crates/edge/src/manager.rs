@@ -1,0 +1,1033 @@
+//! Sandbox lifecycle: validation, admission, create, watch, stop, and recovery after a crash.
+//!
+//! Every operation the HTTP API offers is one method here; the transport only parses and maps.
+//!
+//! A sandbox's life: `create` validates the request, admits it against capacity and the
+//! node's (overcommitted) CPU and memory, takes a lease on its image's mounted layers, asks the
+//! substrate for the sandbox and persists a record. A watcher task per sandbox notices when it
+//! dies on its own (its aether exited or the channel broke) and cleans up exactly like `stop`
+//! does, leaving a tombstone (state `failed` + reason) so `GET` can tell what happened.
+
+use std::collections::{HashMap, VecDeque};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Instant;
+
+use bytes::Bytes;
+use dsec_image::{ImageLease, ImageStore};
+use dsec_runtime::aether_client::AetherClient;
+use dsec_runtime::substrate::SandboxSpec;
+use dsec_wire::aether::Request;
+use dsec_wire::api::{
+    CreateSandboxRequest, ExecRequest, FileInfo, FileList, ImageInfo, ImageList, NodeStatus,
+    RunShellRequest, SandboxInfo, SandboxList, SandboxState, Substrate,
+};
+use dsec_wire::id::{is_valid_sandbox_id, make_sandbox_id};
+use futures::Stream;
+use tokio::sync::OnceCell;
+
+use crate::commands::{self, CommandDefaults, CommandReply};
+use crate::config::EdgeConfig;
+use crate::error::{EdgeError, Subject};
+use crate::files::{self, Download};
+use crate::metrics::Metrics;
+use crate::records::{self, SandboxRecord};
+use crate::substrate::{Driver, LiveSandbox};
+
+/// Limits of a create request after defaults were applied.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Validated {
+    pub image: String,
+    pub memory_mb: u64,
+    pub cpu: f64,
+    pub pids: u64,
+    pub user: String,
+    pub hostname: Option<String>,
+}
+
+/// Checks a user name or uid (`root`, `1000`, `agent`).
+pub fn validate_user(key: &str, u: &str) -> Result<(), EdgeError> {
+    let numeric = !u.is_empty()
+        && u.len() <= 10
+        && u.bytes().all(|b| b.is_ascii_digit())
+        && u.parse::<u32>().is_ok();
+    let mut bytes = u.bytes();
+    let name = matches!(bytes.next(), Some(b) if b.is_ascii_lowercase() || b == b'_')
+        && u.len() <= 32
+        && bytes.all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b"_.-".contains(&b));
+    if numeric || name {
+        Ok(())
+    } else {
+        Err(EdgeError::BadRequest(format!(
+            "{key} {u:?} must be a user name ([a-z_][a-z0-9_.-]{{0,31}}) or a numeric uid"
+        )))
+    }
+}
+
+/// Checks a hostname: dot-separated labels of `[A-Za-z0-9-]`, at most 64 characters.
+pub fn validate_hostname(h: &str) -> Result<(), EdgeError> {
+    let ok = !h.is_empty()
+        && h.len() <= 64
+        && h.split('.').all(|l| {
+            !l.is_empty()
+                && l.len() <= 63
+                && !l.starts_with('-')
+                && !l.ends_with('-')
+                && l.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-')
+        });
+    if ok {
+        Ok(())
+    } else {
+        Err(EdgeError::BadRequest(format!(
+            "hostname {h:?} must be at most 64 characters of dot-separated labels [A-Za-z0-9-] not starting or ending with '-'"
+        )))
+    }
+}
+
+fn check_map(
+    key: &str,
+    m: &std::collections::BTreeMap<String, impl AsRef<str>>,
+    max_key: usize,
+    max_val: usize,
+) -> Result<(), EdgeError> {
+    if m.len() > 128 {
+        return Err(EdgeError::BadRequest(format!("{key}: at most 128 entries")));
+    }
+    for (k, v) in m {
+        if k.is_empty()
+            || k.len() > max_key
+            || k.contains('\0')
+            || v.as_ref().len() > max_val
+            || v.as_ref().contains('\0')
+        {
+            return Err(EdgeError::BadRequest(format!(
+                "{key}: entry {k:?} must have a 1..={max_key}-byte name and a value of at most {max_val} bytes, without NUL"
+            )));
+        }
+    }
+    Ok(())
+}
+
+/// Validates a create request against the node's configuration (pure; no admission).
+pub fn validate_create(
+    cfg: &EdgeConfig,
+    req: &CreateSandboxRequest,
+) -> Result<Validated, EdgeError> {
+    if req.substrate != Substrate::Container {
+        return Err(EdgeError::Unsupported(format!(
+            "substrate {:?} is not supported on node {}: this edge runs `container` sandboxes only",
+            req.substrate, cfg.node_id
+        )));
+    }
+    if req.workspace.is_some() || !req.toolkits.is_empty() {
+        return Err(EdgeError::Unsupported(
+            "workspace and toolkit layers are not supported yet: bake them into the image".into(),
+        ));
+    }
+    let image = dsec_image::canonical_name(&req.image).map_err(EdgeError::from_image)?;
+    let memory_mb = req.memory_limit_mb.unwrap_or(cfg.default_memory_mb);
+    if memory_mb < 16 || memory_mb > cfg.max_memory_mb {
+        return Err(EdgeError::BadRequest(format!(
+            "memory_limit_mb {memory_mb} must be between 16 and this node's maximum of {}",
+            cfg.max_memory_mb
+        )));
+    }
+    let cpu = req.cpu_cores_limit.unwrap_or(cfg.default_cpu_cores);
+    if !(cpu.is_finite() && cpu >= 0.01 && cpu <= cfg.max_cpu_cores) {
+        return Err(EdgeError::BadRequest(format!(
+            "cpu_cores_limit {cpu} must be between 0.01 and this node's maximum of {}",
+            cfg.max_cpu_cores
+        )));
+    }
+    let pids = req.pids_limit.unwrap_or(cfg.default_pids);
+    if pids < 8 || pids > cfg.max_pids {
+        return Err(EdgeError::BadRequest(format!(
+            "pids_limit {pids} must be between 8 and this node's maximum of {}",
+            cfg.max_pids
+        )));
+    }
+    let user = req.init_user.clone().unwrap_or_else(|| "root".to_string());
+    validate_user("init_user", &user)?;
+    if let Some(h) = &req.hostname {
+        validate_hostname(h)?;
+    }
+    for (key, v) in [
+        ("ttl_running_stop", req.ttl_running_stop),
+        ("ttl_total", req.ttl_total),
+    ] {
+        if v == Some(0) {
+            return Err(EdgeError::BadRequest(format!(
+                "{key} must be at least 1 second (omit it for no limit)"
+            )));
+        }
+    }
+    check_map("env", &req.env, 256, 128 * 1024)?;
+    if req.env.keys().any(|k| k.contains('=')) {
+        return Err(EdgeError::BadRequest(
+            "env: variable names must not contain '='".into(),
+        ));
+    }
+    check_map("labels", &req.labels, 128, 1024)?;
+    let rules: std::collections::BTreeMap<String, String> = req
+        .network_rules
+        .iter()
+        .map(|(k, v)| (k.clone(), v.to_string()))
+        .collect();
+    check_map("network_rules", &rules, 64, 8)?;
+    if let Some(k) = &req.idempotency_key {
+        if k.is_empty() || k.len() > 256 {
+            return Err(EdgeError::BadRequest(
+                "idempotency_key must be 1..=256 bytes".into(),
+            ));
+        }
+    }
+    Ok(Validated {
+        image,
+        memory_mb,
+        cpu,
+        pids,
+        user,
+        hostname: req.hostname.clone(),
+    })
+}
+
+/// Formats seconds since the epoch as RFC 3339 UTC (`2026-01-31T12:00:00Z`).
+pub fn rfc3339(secs: u64) -> String {
+    let days = (secs / 86_400) as i64;
+    let rem = secs % 86_400;
+    // Civil-from-days (Howard Hinnant).
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z.rem_euclid(146_097);
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let d = doy - (153 * mp + 2) / 5 + 1;
+    let m = if mp < 10 { mp + 3 } else { mp - 9 };
+    let y = yoe + era * 400 + i64::from(m <= 2);
+    format!(
+        "{y:04}-{m:02}-{d:02}T{:02}:{:02}:{:02}Z",
+        rem / 3600,
+        rem % 3600 / 60,
+        rem % 60
+    )
+}
+
+fn now_rfc3339() -> String {
+    let secs = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or(0);
+    rfc3339(secs)
+}
+
+/// How a sandbox ended.
+#[derive(Debug, Clone)]
+enum End {
+    Stopped(String),
+    Died,
+}
+
+/// One live sandbox.
+struct Entry {
+    id: String,
+    dir: PathBuf,
+    info: Mutex<SandboxInfo>,
+    sandbox: Box<dyn LiveSandbox>,
+    aether: AetherClient,
+    lease: Mutex<Option<ImageLease>>,
+    memory_mb: u64,
+    cpu: f64,
+    ended: OnceCell<SandboxInfo>,
+}
+
+impl Entry {
+    fn info(&self) -> SandboxInfo {
+        lock(&self.info).clone()
+    }
+}
+
+#[derive(Default)]
+struct State {
+    live: HashMap<String, Arc<Entry>>,
+    /// Creates admitted but not finished: id → idempotency key.
+    creating: HashMap<String, Option<String>>,
+    count: u64,
+    memory_mb: u64,
+    cpu: f64,
+    tombstones: HashMap<String, SandboxInfo>,
+    tomb_order: VecDeque<String>,
+    /// idempotency key → sandbox id.
+    idempotency: HashMap<String, String>,
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// The sandbox manager of one node.
+pub struct Manager {
+    cfg: Arc<EdgeConfig>,
+    driver: Arc<dyn Driver>,
+    images: Arc<ImageStore>,
+    metrics: Arc<Metrics>,
+    state: Mutex<State>,
+    shutting_down: AtomicBool,
+}
+
+impl Manager {
+    pub fn new(
+        cfg: Arc<EdgeConfig>,
+        driver: Arc<dyn Driver>,
+        images: Arc<ImageStore>,
+        metrics: Arc<Metrics>,
+    ) -> Self {
+        Self {
+            cfg,
+            driver,
+            images,
+            metrics,
+            state: Mutex::new(State::default()),
+            shutting_down: AtomicBool::new(false),
+        }
+    }
+
+    pub fn config(&self) -> &EdgeConfig {
+        &self.cfg
+    }
+
+    pub fn metrics(&self) -> &Metrics {
+        &self.metrics
+    }
+
+    fn cmd_defaults(&self) -> CommandDefaults {
+        CommandDefaults {
+            default_timeout_s: self.cfg.default_timeout_s,
+            max_timeout_s: self.cfg.max_timeout_s,
+        }
+    }
+
+    /// Removes everything an earlier, crashed run of the edge left behind.
+    ///
+    /// Sandboxes are cleaned, not re-adopted: aether exits when its channel breaks, so every
+    /// sandbox of a dead edge is already gone (the pause issue adds re-adoption). For each
+    /// record: kill its aether if it is somehow still alive, then the substrate reaps leftover
+    /// cgroups and processes, and the directory is removed. Returns the ids reaped.
+    pub async fn recover(&self) -> Vec<String> {
+        let dir = self.cfg.sandboxes_dir();
+        let found = match records::scan(&dir) {
+            Ok(f) => f,
+            Err(e) => {
+                tracing::error!(dir = %dir.display(), error = %e, "scan sandbox records");
+                Vec::new()
+            }
+        };
+        let mut reaped = Vec::new();
+        for f in &found {
+            match &f.record {
+                Ok(rec) => {
+                    if rec.pid > 1 && records::pid_belongs_to(rec.pid, &f.id) {
+                        let gone =
+                            records::kill_and_wait(rec.pid, std::time::Duration::from_secs(5))
+                                .await;
+                        tracing::warn!(sandbox = %f.id, pid = rec.pid, gone, "killed a leftover sandbox agent");
+                    }
+                    tracing::warn!(sandbox = %f.id, image = %rec.image, state = ?rec.info.state,
+                        "reaping sandbox of an earlier edge run (not re-adopted)");
+                }
+                Err(e) => {
+                    tracing::warn!(sandbox = %f.id, error = %e, "reaping sandbox dir without a readable record")
+                }
+            }
+        }
+        let by_substrate = self.driver.reap_orphans(Vec::new()).await;
+        for id in &by_substrate {
+            tracing::warn!(sandbox = %id, "substrate reaped leftovers");
+        }
+        for f in found {
+            if let Err(e) = remove_dir(&f.dir) {
+                tracing::error!(sandbox = %f.id, dir = %f.dir.display(), error = %e, "remove leftover sandbox dir");
+            }
+            reaped.push(f.id);
+        }
+        for id in by_substrate {
+            if !reaped.contains(&id) {
+                reaped.push(id);
+            }
+        }
+        reaped
+    }
+
+    /// Creates a sandbox.
+    pub async fn create(
+        self: &Arc<Self>,
+        req: CreateSandboxRequest,
+    ) -> Result<SandboxInfo, EdgeError> {
+        let started = Instant::now();
+        if self.shutting_down.load(Ordering::Relaxed) {
+            return Err(EdgeError::Unavailable(format!(
+                "node {} is shutting down",
+                self.cfg.node_id
+            )));
+        }
+        let v = validate_create(&self.cfg, &req)?;
+        let id = make_sandbox_id(&self.cfg.node_id, rand::random());
+        if let Some(existing) = self.admit(&id, &v, req.idempotency_key.as_deref())? {
+            return Ok(existing);
+        }
+        match self.build(&id, &req, &v, started).await {
+            Ok(entry) => {
+                let info = entry.info();
+                {
+                    let mut st = lock(&self.state);
+                    st.creating.remove(&id);
+                    st.live.insert(id.clone(), entry.clone());
+                    if let Some(k) = &req.idempotency_key {
+                        st.idempotency.insert(k.clone(), id.clone());
+                    }
+                }
+                self.metrics.sandboxes_created.inc();
+                self.metrics.sandboxes_running.inc();
+                self.metrics
+                    .create_seconds
+                    .observe(started.elapsed().as_secs_f64());
+                self.watch(entry);
+                tracing::info!(sandbox = %id, image = %info.image, create_ms = info.create_ms, "sandbox created");
+                Ok(info)
+            }
+            Err(e) => {
+                {
+                    let mut st = lock(&self.state);
+                    st.creating.remove(&id);
+                    st.count -= 1;
+                    st.memory_mb -= v.memory_mb;
+                    st.cpu = (st.cpu - v.cpu).max(0.0);
+                }
+                self.metrics.sandboxes_create_errors.inc();
+                tracing::warn!(sandbox = %id, error = %e, "create failed");
+                Err(e)
+            }
+        }
+    }
+
+    /// Admission: capacity, CPU and memory (with overcommit), idempotency. Reserves on success;
+    /// returns the existing sandbox for a repeated idempotency key.
+    fn admit(
+        &self,
+        id: &str,
+        v: &Validated,
+        key: Option<&str>,
+    ) -> Result<Option<SandboxInfo>, EdgeError> {
+        let mut st = lock(&self.state);
+        if let Some(k) = key {
+            if let Some(existing) = st.idempotency.get(k) {
+                if let Some(e) = st.live.get(existing) {
+                    return Ok(Some(e.info()));
+                }
+                if let Some(t) = st.tombstones.get(existing) {
+                    return Ok(Some(t.clone()));
+                }
+            }
+            if st.creating.values().any(|c| c.as_deref() == Some(k)) {
+                return Err(EdgeError::Conflict(format!(
+                    "a create with idempotency_key {k:?} is in progress; retry in a moment to get its sandbox"
+                )));
+            }
+        }
+        let node = &self.cfg.node_id;
+        if st.count >= self.cfg.capacity {
+            return Err(EdgeError::NodeFull(format!(
+                "node {node} is full: {} of {} sandboxes in use",
+                st.count, self.cfg.capacity
+            )));
+        }
+        let mem_cap = (self.cfg.memory_total_mb() as f64 * self.cfg.memory_overcommit) as u64;
+        if st.memory_mb + v.memory_mb > mem_cap {
+            return Err(EdgeError::NodeFull(format!(
+                "node {node} is full: {} MiB of memory allocated, {} more asked, {mem_cap} MiB allowed",
+                st.memory_mb, v.memory_mb
+            )));
+        }
+        let cpu_cap = self.cfg.cpu_total() * self.cfg.cpu_overcommit;
+        if st.cpu + v.cpu > cpu_cap + 1e-9 {
+            return Err(EdgeError::NodeFull(format!(
+                "node {node} is full: {:.2} cores allocated, {} more asked, {cpu_cap:.2} allowed",
+                st.cpu, v.cpu
+            )));
+        }
+        st.count += 1;
+        st.memory_mb += v.memory_mb;
+        st.cpu += v.cpu;
+        st.creating.insert(id.to_string(), key.map(str::to_string));
+        Ok(None)
+    }
+
+    async fn build(
+        &self,
+        id: &str,
+        req: &CreateSandboxRequest,
+        v: &Validated,
+        started: Instant,
+    ) -> Result<Arc<Entry>, EdgeError> {
+        let lease = self
+            .images
+            .acquire(&v.image)
+            .await
+            .map_err(EdgeError::from_image)?;
+        let dir = self.cfg.sandboxes_dir().join(id);
+        let short = id.rsplit('-').next().unwrap_or(id).to_string();
+        let mut info = SandboxInfo {
+            id: id.to_string(),
+            node: self.cfg.node_id.clone(),
+            state: SandboxState::Creating,
+            substrate: Substrate::Container,
+            image: lease.image().to_string(),
+            memory_limit_mb: v.memory_mb,
+            cpu_cores_limit: v.cpu,
+            pids_limit: v.pids,
+            init_user: v.user.clone(),
+            hostname: v.hostname.clone().unwrap_or(short),
+            ttl_running_stop: req.ttl_running_stop,
+            ttl_total: req.ttl_total,
+            network_rules: req.network_rules.clone(),
+            labels: req.labels.clone(),
+            created_at: now_rfc3339(),
+            create_ms: None,
+            reason: None,
+        };
+        let mut record = SandboxRecord {
+            info: info.clone(),
+            pid: 0,
+            image: info.image.clone(),
+            env: req.env.clone(),
+        };
+        let prepared = std::fs::create_dir_all(&dir)
+            .map_err(|e| EdgeError::internal(&format!("create {}", dir.display()), &e))
+            .and_then(|()| {
+                records::write(&dir, &record).map_err(|e| EdgeError::internal("persist record", &e))
+            });
+        if let Err(e) = prepared {
+            let _ = remove_dir(&dir);
+            return Err(e);
+        }
+        let spec = SandboxSpec {
+            id: id.to_string(),
+            hostname: info.hostname.clone(),
+            lowers: lease.lowers(),
+            dir: dir.clone(),
+            memory_limit_mb: v.memory_mb,
+            cpu_cores_limit: v.cpu,
+            pids_limit: v.pids,
+            user: v.user.clone(),
+            env: req.env.clone(),
+        };
+        let sandbox = match self.driver.create(spec).await {
+            Ok(s) => s,
+            Err(e) => {
+                let err = EdgeError::from_create(e);
+                if let Err(ce) = remove_dir(&dir) {
+                    return Err(EdgeError::Internal(format!(
+                        "{err}; cleanup also failed: remove {}: {ce}",
+                        dir.display()
+                    )));
+                }
+                return Err(err);
+            }
+        };
+        info.state = SandboxState::Running;
+        info.create_ms = Some(started.elapsed().as_secs_f64() * 1000.0);
+        record.info = info.clone();
+        record.pid = sandbox.pid();
+        if let Err(e) = records::write(&dir, &record) {
+            let err = EdgeError::internal("persist record", &e);
+            let destroyed = sandbox.destroy().await;
+            let removed = remove_dir(&dir);
+            if destroyed.is_err() || removed.is_err() {
+                return Err(EdgeError::Internal(format!(
+                    "{err}; cleanup also failed: destroy: {destroyed:?}, remove dir: {removed:?}"
+                )));
+            }
+            return Err(err);
+        }
+        let aether = sandbox.aether().clone();
+        Ok(Arc::new(Entry {
+            id: id.to_string(),
+            dir,
+            info: Mutex::new(info),
+            sandbox,
+            aether,
+            lease: Mutex::new(Some(lease)),
+            memory_mb: v.memory_mb,
+            cpu: v.cpu,
+            ended: OnceCell::new(),
+        }))
+    }
+
+    fn watch(self: &Arc<Self>, entry: Arc<Entry>) {
+        let weak = Arc::downgrade(self);
+        tokio::spawn(async move {
+            entry.sandbox.exited().await;
+            if let Some(m) = weak.upgrade() {
+                let info = m.finish(&entry, End::Died).await;
+                if info.state == SandboxState::Failed {
+                    tracing::warn!(sandbox = %entry.id, reason = info.reason.as_deref().unwrap_or(""), "sandbox died");
+                }
+            }
+        });
+    }
+
+    /// Ends a sandbox exactly once (stop and the watcher may race); later callers get the
+    /// same final info.
+    async fn finish(&self, entry: &Arc<Entry>, why: End) -> SandboxInfo {
+        entry
+            .ended
+            .get_or_init(|| self.teardown(entry, why))
+            .await
+            .clone()
+    }
+
+    async fn teardown(&self, entry: &Arc<Entry>, why: End) -> SandboxInfo {
+        let oom_kills = entry.sandbox.usage().oom_kills;
+        lock(&entry.info).state = SandboxState::Stopping;
+        let mut problems = Vec::new();
+        if let Err(e) = entry.sandbox.destroy().await {
+            problems.push(format!("destroy: {e}"));
+        }
+        drop(lock(&entry.lease).take());
+        if let Err(e) = remove_dir(&entry.dir) {
+            problems.push(format!("remove {}: {e}", entry.dir.display()));
+        }
+        let mut info = entry.info();
+        match &why {
+            End::Stopped(reason) => {
+                info.state = SandboxState::Stopped;
+                info.reason = Some(reason.clone());
+                self.metrics.sandboxes_stopped.inc();
+            }
+            End::Died => {
+                info.state = SandboxState::Failed;
+                let mut reason =
+                    "the sandbox's agent exited unexpectedly (killed from outside or crashed)"
+                        .to_string();
+                if oom_kills > 0 {
+                    reason.push_str(&format!(
+                        "; the memory limit OOM-killed processes {oom_kills} time(s)"
+                    ));
+                }
+                info.reason = Some(reason);
+                self.metrics.sandboxes_failed.inc();
+            }
+        }
+        if !problems.is_empty() {
+            let p = problems.join("; ");
+            tracing::error!(sandbox = %entry.id, problems = %p, "cleanup of sandbox incomplete");
+            info.reason = Some(format!(
+                "{}; cleanup problems: {p}",
+                info.reason.unwrap_or_default()
+            ));
+        }
+        *lock(&entry.info) = info.clone();
+        {
+            let mut st = lock(&self.state);
+            st.live.remove(&entry.id);
+            st.count = st.count.saturating_sub(1);
+            st.memory_mb = st.memory_mb.saturating_sub(entry.memory_mb);
+            st.cpu = (st.cpu - entry.cpu).max(0.0);
+            st.tombstones.insert(entry.id.clone(), info.clone());
+            st.tomb_order.push_back(entry.id.clone());
+            while st.tomb_order.len() > self.cfg.tombstones {
+                if let Some(old) = st.tomb_order.pop_front() {
+                    st.tombstones.remove(&old);
+                    st.idempotency.retain(|_, v| *v != old);
+                }
+            }
+        }
+        self.metrics.sandboxes_running.dec();
+        tracing::info!(sandbox = %entry.id, state = ?info.state, "sandbox ended");
+        info
+    }
+
+    fn entry(&self, id: &str) -> Result<Arc<Entry>, EdgeError> {
+        if !is_valid_sandbox_id(id) {
+            return Err(EdgeError::SandboxNotFound(id.to_string()));
+        }
+        let st = lock(&self.state);
+        if let Some(e) = st.live.get(id) {
+            return Ok(e.clone());
+        }
+        match st.tombstones.get(id) {
+            Some(t) => Err(EdgeError::SandboxDead(format!(
+                "sandbox {id} is {}: {}",
+                serde_json::to_value(t.state)
+                    .ok()
+                    .and_then(|v| v.as_str().map(str::to_string))
+                    .unwrap_or_default(),
+                t.reason.as_deref().unwrap_or("ended")
+            ))),
+            None => Err(EdgeError::SandboxNotFound(id.to_string())),
+        }
+    }
+
+    /// A running sandbox, for calls that need its agent.
+    fn running(&self, id: &str) -> Result<Arc<Entry>, EdgeError> {
+        let e = self.entry(id)?;
+        if e.ended.initialized() || lock(&e.info).state != SandboxState::Running {
+            return Err(EdgeError::SandboxDead(format!("sandbox {id} is stopping")));
+        }
+        Ok(e)
+    }
+
+    pub fn get(&self, id: &str) -> Result<SandboxInfo, EdgeError> {
+        match self.entry(id) {
+            Ok(e) => Ok(e.info()),
+            Err(EdgeError::SandboxDead(_)) => {
+                let st = lock(&self.state);
+                st.tombstones
+                    .get(id)
+                    .cloned()
+                    .ok_or_else(|| EdgeError::SandboxNotFound(id.to_string()))
+            }
+            Err(e) => Err(e),
+        }
+    }
+
+    pub fn list(&self) -> SandboxList {
+        let entries: Vec<Arc<Entry>> = lock(&self.state).live.values().cloned().collect();
+        let mut sandboxes: Vec<SandboxInfo> = entries.iter().map(|e| e.info()).collect();
+        sandboxes.sort_by(|a, b| a.created_at.cmp(&b.created_at).then(a.id.cmp(&b.id)));
+        SandboxList { sandboxes }
+    }
+
+    /// Stops a sandbox; repeating it answers the final info again.
+    pub async fn stop(&self, id: &str) -> Result<SandboxInfo, EdgeError> {
+        match self.entry(id) {
+            Ok(e) => Ok(self
+                .finish(&e, End::Stopped("stopped on request".into()))
+                .await),
+            Err(EdgeError::SandboxDead(_)) => self.get(id),
+            Err(e) => Err(e),
+        }
+    }
+
+    pub async fn shell(&self, id: &str, req: RunShellRequest) -> Result<CommandReply, EdgeError> {
+        let e = self.running(id)?;
+        let (r, stdin) = commands::shell_request(&req, self.cmd_defaults())?;
+        self.metrics.commands.with_label_values(&["shell"]).inc();
+        self.run_command(e, r, stdin, req.stream).await
+    }
+
+    pub async fn exec(&self, id: &str, req: ExecRequest) -> Result<CommandReply, EdgeError> {
+        let e = self.running(id)?;
+        let (r, stdin) = commands::exec_request(&req, self.cmd_defaults())?;
+        self.metrics.commands.with_label_values(&["exec"]).inc();
+        self.run_command(e, r, stdin, req.stream).await
+    }
+
+    async fn run_command(
+        &self,
+        e: Arc<Entry>,
+        r: Request,
+        stdin: Bytes,
+        stream: bool,
+    ) -> Result<CommandReply, EdgeError> {
+        let oom_before = e.sandbox.usage().oom_kills;
+        let chan = |err| EdgeError::from_channel(&e.id, Subject::Other, err);
+        let call = e.aether.call(r, stdin).await.map_err(chan)?;
+        if stream {
+            let probe_entry = e.clone();
+            let probe: commands::OomProbe = Arc::new(move || probe_entry.sandbox.usage().oom_kills);
+            let s = commands::stream_call(e.aether.clone(), call, e.id.clone(), probe, oom_before);
+            return Ok(CommandReply::Stream(s));
+        }
+        let out = commands::collect_call(e.aether.clone(), call, &e.id).await?;
+        let oom = e.sandbox.usage().oom_kills > oom_before;
+        Ok(CommandReply::Done(commands::output_result(&out, oom)))
+    }
+
+    pub async fn close_session(&self, id: &str, session: &str) -> Result<(), EdgeError> {
+        let e = self.running(id)?;
+        if !commands::is_valid_session(session) {
+            return Err(EdgeError::BadRequest(format!(
+                "session {session:?} must match [A-Za-z0-9._-]{{1,64}}"
+            )));
+        }
+        e.aether
+            .request(
+                Request::CloseSession {
+                    session: session.to_string(),
+                },
+                Bytes::new(),
+            )
+            .await
+            .map(|_| ())
+            .map_err(|err| EdgeError::from_channel(id, Subject::Session, err))
+    }
+
+    pub async fn write_file<S>(
+        &self,
+        id: &str,
+        path: &str,
+        mode: u32,
+        parents: bool,
+        body: S,
+    ) -> Result<FileInfo, EdgeError>
+    where
+        S: Stream<Item = Result<Bytes, axum::Error>> + Send + Unpin + 'static,
+    {
+        let e = self.running(id)?;
+        files::upload(
+            &e.aether,
+            id,
+            path,
+            mode,
+            parents,
+            body,
+            self.cfg.max_upload_bytes,
+        )
+        .await
+    }
+
+    pub async fn read_file(&self, id: &str, path: &str) -> Result<Download, EdgeError> {
+        let e = self.running(id)?;
+        files::download(&e.aether, id, path).await
+    }
+
+    pub async fn stat_file(&self, id: &str, path: &str) -> Result<FileInfo, EdgeError> {
+        let e = self.running(id)?;
+        files::stat(&e.aether, id, path).await
+    }
+
+    pub async fn list_dir(&self, id: &str, path: &str) -> Result<FileList, EdgeError> {
+        let e = self.running(id)?;
+        files::list(&e.aether, id, path).await
+    }
+
+    pub async fn remove_file(
+        &self,
+        id: &str,
+        path: &str,
+        recursive: bool,
+    ) -> Result<(), EdgeError> {
+        let e = self.running(id)?;
+        files::remove(&e.aether, id, path, recursive).await
+    }
+
+    pub async fn mkdir(
+        &self,
+        id: &str,
+        path: &str,
+        mode: u32,
+        parents: bool,
+    ) -> Result<FileInfo, EdgeError> {
+        let e = self.running(id)?;
+        files::mkdir(&e.aether, id, path, mode, parents).await
+    }
+
+    /// Checks a TTY request and returns the channel to open it on (after the upgrade).
+    pub fn tty_channel(&self, id: &str, rows: u16, cols: u16) -> Result<AetherClient, EdgeError> {
+        let e = self.running(id)?;
+        crate::tty::check_size(rows, cols)?;
+        Ok(e.aether.clone())
+    }
+
+    pub async fn import_image<R>(&self, name: &str, reader: R) -> Result<ImageInfo, EdgeError>
+    where
+        R: tokio::io::AsyncRead + Send + Unpin + 'static,
+    {
+        let name = dsec_image::canonical_name(name).map_err(EdgeError::from_image)?;
+        self.images
+            .import_tar(&name, reader)
+            .await
+            .map_err(EdgeError::from_image)
+    }
+
+    pub fn list_images(&self) -> ImageList {
+        ImageList {
+            images: self.images.list(),
+        }
+    }
+
+    pub fn remove_image(&self, name: &str) -> Result<(), EdgeError> {
+        let name = dsec_image::canonical_name(name).map_err(EdgeError::from_image)?;
+        self.images.remove(&name).map_err(EdgeError::from_image)
+    }
+
+    /// The node's status as the watcher polls it.
+    pub fn status(&self) -> NodeStatus {
+        let (running, memory_mb, cpu) = {
+            let st = lock(&self.state);
+            (st.live.len() as u64, st.memory_mb, st.cpu)
+        };
+        NodeStatus {
+            node: self.cfg.node_id.clone(),
+            url: self.cfg.url(),
+            healthy: !self.shutting_down.load(Ordering::Relaxed),
+            substrates: vec![self.driver.kind()],
+            sandboxes_running: running,
+            sandboxes_paused: 0,
+            capacity_sandboxes: self.cfg.capacity,
+            cpu_cores_total: self.cfg.cpu_total(),
+            cpu_cores_allocated: cpu,
+            memory_mb_total: self.cfg.memory_total_mb(),
+            memory_mb_allocated: memory_mb,
+            memory_mb_available: crate::config::machine_meminfo_mb("MemAvailable").unwrap_or(0),
+            images: self.images.list().into_iter().map(|i| i.name).collect(),
+            cgroup_version: cgroup_version().to_string(),
+            labels: self.cfg.labels.clone(),
+        }
+    }
+
+    /// Stops every sandbox and unmounts every layer.
+    pub async fn shutdown(&self) {
+        self.shutting_down.store(true, Ordering::Relaxed);
+        let entries: Vec<Arc<Entry>> = lock(&self.state).live.values().cloned().collect();
+        tracing::info!(count = entries.len(), "stopping every sandbox");
+        let stops = entries
+            .iter()
+            .map(|e| self.finish(e, End::Stopped("the edge shut down".into())));
+        futures::future::join_all(stops).await;
+        if let Err(e) = self.images.unmount_all() {
+            tracing::error!(error = %e, "unmount image layers");
+        }
+    }
+}
+
+/// `v1` when the memory controller has its own hierarchy, else `v2`.
+pub fn cgroup_version() -> &'static str {
+    if Path::new("/sys/fs/cgroup/memory").is_dir() {
+        "v1"
+    } else {
+        "v2"
+    }
+}
+
+/// Removes a directory tree; a missing one is fine.
+fn remove_dir(dir: &Path) -> std::io::Result<()> {
+    match std::fs::remove_dir_all(dir) {
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
+        other => other,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn req(image: &str) -> CreateSandboxRequest {
+        CreateSandboxRequest {
+            image: image.into(),
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn defaults_applied() {
+        let cfg = EdgeConfig::default();
+        let v = validate_create(&cfg, &req("busybox")).unwrap();
+        assert_eq!(v.image, "busybox:latest");
+        assert_eq!(v.memory_mb, 1024);
+        assert_eq!(v.cpu, 1.0);
+        assert_eq!(v.pids, 1024);
+        assert_eq!(v.user, "root");
+    }
+
+    #[test]
+    fn rejections() {
+        let cfg = EdgeConfig::default();
+        let e = validate_create(
+            &cfg,
+            &CreateSandboxRequest {
+                substrate: Substrate::Microvm,
+                ..req("busybox")
+            },
+        )
+        .unwrap_err();
+        assert_eq!(e.status().as_u16(), 501);
+        assert!(e.to_string().contains("container"));
+        assert_eq!(
+            validate_create(&cfg, &req("Bad Name"))
+                .unwrap_err()
+                .status()
+                .as_u16(),
+            400
+        );
+        let e = validate_create(
+            &cfg,
+            &CreateSandboxRequest {
+                memory_limit_mb: Some(1 << 30),
+                ..req("busybox")
+            },
+        )
+        .unwrap_err();
+        assert!(e.to_string().contains("memory_limit_mb"));
+        let e = validate_create(
+            &cfg,
+            &CreateSandboxRequest {
+                cpu_cores_limit: Some(f64::INFINITY),
+                ..req("busybox")
+            },
+        )
+        .unwrap_err();
+        assert!(e.to_string().contains("cpu_cores_limit"));
+        let e = validate_create(
+            &cfg,
+            &CreateSandboxRequest {
+                pids_limit: Some(1),
+                ..req("busybox")
+            },
+        )
+        .unwrap_err();
+        assert!(e.to_string().contains("pids_limit"));
+        let e = validate_create(
+            &cfg,
+            &CreateSandboxRequest {
+                init_user: Some("ro ot".into()),
+                ..req("busybox")
+            },
+        )
+        .unwrap_err();
+        assert!(e.to_string().contains("init_user"));
+        let e = validate_create(
+            &cfg,
+            &CreateSandboxRequest {
+                hostname: Some("-bad".into()),
+                ..req("busybox")
+            },
+        )
+        .unwrap_err();
+        assert!(e.to_string().contains("hostname"));
+        let e = validate_create(
+            &cfg,
+            &CreateSandboxRequest {
+                ttl_total: Some(0),
+                ..req("busybox")
+            },
+        )
+        .unwrap_err();
+        assert!(e.to_string().contains("ttl_total"));
+    }
+
+    #[test]
+    fn users_and_hostnames() {
+        for ok in ["root", "1000", "agent", "_svc", "a.b-c"] {
+            validate_user("init_user", ok).unwrap();
+        }
+        for bad in ["", "Root", "1a b", "x/y", "99999999999"] {
+            assert!(validate_user("init_user", bad).is_err(), "{bad}");
+        }
+        for ok in ["box", "a-b.example.test", "X1"] {
+            validate_hostname(ok).unwrap();
+        }
+        for bad in ["", "a..b", "a_b", &"a".repeat(65)] {
+            assert!(validate_hostname(bad).is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn time_format() {
+        assert_eq!(rfc3339(0), "1970-01-01T00:00:00Z");
+        assert_eq!(rfc3339(951_782_400), "2000-02-29T00:00:00Z");
+        assert_eq!(rfc3339(1_767_225_599), "2025-12-31T23:59:59Z");
+    }
+}

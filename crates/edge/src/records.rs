@@ -1,0 +1,211 @@
+//! Sandbox records on local disk: `<data>/edge/sandboxes/<id>/record.json`, written atomically
+//! (temp file, fsync, rename, fsync of the directory) whenever a sandbox's state changes.
+//!
+//! After a crash of the edge the records say what might be left behind (see
+//! [`crate::manager`] for what the edge does with them at start).
+
+use std::io::Write;
+use std::path::{Path, PathBuf};
+
+use dsec_wire::api::SandboxInfo;
+use serde::{Deserialize, Serialize};
+
+pub const RECORD_FILE: &str = "record.json";
+
+/// What the edge persists about one sandbox.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct SandboxRecord {
+    pub info: SandboxInfo,
+    /// Host pid of the sandbox's aether (0 while the sandbox is being created).
+    pub pid: i32,
+    /// The image the sandbox holds a lease on.
+    pub image: String,
+    /// Environment given to every command (part of the create request, not of `SandboxInfo`).
+    #[serde(default)]
+    pub env: std::collections::BTreeMap<String, String>,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum RecordError {
+    #[error("write record {path}: {source}")]
+    Write {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("read record {path}: {source}")]
+    Read {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("parse record {path}: {source}")]
+    Parse {
+        path: PathBuf,
+        source: serde_json::Error,
+    },
+}
+
+/// Atomically writes `<dir>/record.json`.
+pub fn write(dir: &Path, record: &SandboxRecord) -> Result<(), RecordError> {
+    let path = dir.join(RECORD_FILE);
+    let tmp = dir.join(".record.json.tmp");
+    let werr = |source| RecordError::Write {
+        path: path.clone(),
+        source,
+    };
+    let json = serde_json::to_vec_pretty(record).map_err(|e| werr(std::io::Error::other(e)))?;
+    {
+        let mut f = std::fs::File::create(&tmp).map_err(werr)?;
+        f.write_all(&json).map_err(werr)?;
+        f.sync_all().map_err(werr)?;
+    }
+    std::fs::rename(&tmp, &path).map_err(werr)?;
+    std::fs::File::open(dir)
+        .and_then(|d| d.sync_all())
+        .map_err(werr)?;
+    Ok(())
+}
+
+/// Reads `<dir>/record.json`.
+pub fn read(dir: &Path) -> Result<SandboxRecord, RecordError> {
+    let path = dir.join(RECORD_FILE);
+    let bytes = std::fs::read(&path).map_err(|source| RecordError::Read {
+        path: path.clone(),
+        source,
+    })?;
+    serde_json::from_slice(&bytes).map_err(|source| RecordError::Parse { path, source })
+}
+
+/// One directory found under `sandboxes/`: its id (the directory name) and its record, if
+/// readable.
+pub struct Found {
+    pub id: String,
+    pub dir: PathBuf,
+    pub record: Result<SandboxRecord, RecordError>,
+}
+
+/// Every sandbox directory under `sandboxes_dir` (a missing dir means none).
+pub fn scan(sandboxes_dir: &Path) -> std::io::Result<Vec<Found>> {
+    let entries = match std::fs::read_dir(sandboxes_dir) {
+        Ok(e) => e,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
+        Err(e) => return Err(e),
+    };
+    let mut out = Vec::new();
+    for entry in entries {
+        let entry = entry?;
+        if !entry.file_type()?.is_dir() {
+            continue;
+        }
+        let id = entry.file_name().to_string_lossy().into_owned();
+        let dir = entry.path();
+        let record = read(&dir);
+        out.push(Found { id, dir, record });
+    }
+    Ok(out)
+}
+
+/// True when host process `pid` still belongs to sandbox `id`: its cgroup path names the
+/// sandbox, or it is a `dsec-aether` process. Guards against killing a reused pid.
+pub fn pid_belongs_to(pid: i32, id: &str) -> bool {
+    if pid <= 1 {
+        return false;
+    }
+    let cgroup = std::fs::read_to_string(format!("/proc/{pid}/cgroup")).unwrap_or_default();
+    let comm = std::fs::read_to_string(format!("/proc/{pid}/comm")).unwrap_or_default();
+    owned_by(&cgroup, &comm, id)
+}
+
+fn owned_by(cgroup: &str, comm: &str, id: &str) -> bool {
+    cgroup.lines().any(|l| {
+        l.rsplit(':')
+            .next()
+            .is_some_and(|p| p.split('/').any(|part| part == id))
+    }) || comm.trim_end() == "dsec-aether"
+}
+
+/// Kills a leftover sandbox process and waits (up to `wait`) until it is gone.
+/// Returns true when the process is gone.
+pub async fn kill_and_wait(pid: i32, wait: std::time::Duration) -> bool {
+    use nix::sys::signal::{kill, Signal};
+    use nix::unistd::Pid;
+    let _ = kill(Pid::from_raw(pid), Signal::SIGKILL);
+    let deadline = tokio::time::Instant::now() + wait;
+    loop {
+        if !Path::new(&format!("/proc/{pid}")).exists() {
+            return true;
+        }
+        if tokio::time::Instant::now() >= deadline {
+            return false;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use dsec_wire::api::{SandboxState, Substrate};
+
+    fn info(id: &str) -> SandboxInfo {
+        SandboxInfo {
+            id: id.into(),
+            node: "n0".into(),
+            state: SandboxState::Running,
+            substrate: Substrate::Container,
+            image: "busybox".into(),
+            memory_limit_mb: 64,
+            cpu_cores_limit: 0.5,
+            pids_limit: 64,
+            init_user: "root".into(),
+            hostname: "h".into(),
+            ttl_running_stop: Some(30),
+            ttl_total: None,
+            network_rules: [("pypi".to_string(), true)].into(),
+            labels: Default::default(),
+            created_at: "2026-01-01T00:00:00Z".into(),
+            create_ms: Some(12.5),
+            reason: None,
+        }
+    }
+
+    #[test]
+    fn write_read_scan() {
+        let tmp = tempfile::tempdir().unwrap();
+        let dir = tmp.path().join("sb-n0-0000000000000001");
+        std::fs::create_dir_all(&dir).unwrap();
+        let rec = SandboxRecord {
+            info: info("sb-n0-0000000000000001"),
+            pid: 42,
+            image: "busybox".into(),
+            env: Default::default(),
+        };
+        write(&dir, &rec).unwrap();
+        let back = read(&dir).unwrap();
+        assert_eq!(back.pid, 42);
+        assert_eq!(back.info.network_rules.get("pypi"), Some(&true));
+        std::fs::create_dir_all(tmp.path().join("sb-n0-0000000000000002")).unwrap();
+        let mut found = scan(tmp.path()).unwrap();
+        found.sort_by(|a, b| a.id.cmp(&b.id));
+        assert_eq!(found.len(), 2);
+        assert!(found[0].record.is_ok());
+        assert!(matches!(found[1].record, Err(RecordError::Read { .. })));
+        assert!(scan(&tmp.path().join("missing")).unwrap().is_empty());
+    }
+
+    #[test]
+    fn ownership() {
+        let id = "sb-n0-0000000000000001";
+        assert!(owned_by(
+            "4:memory:/dsec/n0/sb-n0-0000000000000001\n",
+            "sh\n",
+            id
+        ));
+        assert!(owned_by("0::/\n", "dsec-aether\n", id));
+        assert!(!owned_by(
+            "4:memory:/dsec/n0/sb-n0-0000000000000002\n",
+            "bash\n",
+            id
+        ));
+        assert!(!pid_belongs_to(1, id));
+    }
+}

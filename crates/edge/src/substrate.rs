@@ -1,0 +1,115 @@
+//! The edge's object-safe view of a substrate.
+//!
+//! [`dsec_runtime::substrate::Substrate`] uses `async fn` in a trait, whose futures cannot be
+//! required to be `Send` in generic code on stable Rust. The edge therefore talks to substrates
+//! through [`Driver`] / [`LiveSandbox`], which box `Send` futures, and implements them for each
+//! concrete substrate (where the compiler can see that the futures are `Send`).
+
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+
+use dsec_runtime::aether_client::AetherClient;
+use dsec_runtime::container::{ContainerSandbox, ContainerSubstrate};
+use dsec_runtime::substrate::{
+    CreateSandboxError, DestroySandboxError, Sandbox, SandboxSpec, Substrate as _, Usage,
+};
+
+pub type BoxFut<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
+
+/// A kind of sandbox, as the edge uses it.
+pub trait Driver: Send + Sync + 'static {
+    /// The API's name for this substrate.
+    fn kind(&self) -> dsec_wire::api::Substrate;
+    /// Builds and starts a sandbox; on error the substrate removed everything it built.
+    fn create(
+        &self,
+        spec: SandboxSpec,
+    ) -> BoxFut<'_, Result<Box<dyn LiveSandbox>, CreateSandboxError>>;
+    /// Removes leftovers of an earlier run; returns the ids cleaned.
+    fn reap_orphans(&self, known_live: Vec<String>) -> BoxFut<'_, Vec<String>>;
+}
+
+/// One running sandbox.
+pub trait LiveSandbox: Send + Sync + 'static {
+    fn id(&self) -> &str;
+    fn aether(&self) -> &AetherClient;
+    fn pid(&self) -> i32;
+    fn usage(&self) -> Usage;
+    /// Kills everything and removes the substrate's kernel objects and directories. Idempotent.
+    fn destroy(&self) -> BoxFut<'_, Result<(), DestroySandboxError>>;
+    /// Resolves when the sandbox is gone on its own: its init exited or its channel closed.
+    fn exited(&self) -> BoxFut<'_, ()>;
+}
+
+/// [`Driver`] for the container substrate.
+pub struct ContainerDriver {
+    inner: Arc<ContainerSubstrate>,
+}
+
+impl ContainerDriver {
+    pub fn new(substrate: ContainerSubstrate) -> Self {
+        Self {
+            inner: Arc::new(substrate),
+        }
+    }
+}
+
+struct ContainerLive {
+    substrate: Arc<ContainerSubstrate>,
+    sandbox: ContainerSandbox,
+}
+
+impl Driver for ContainerDriver {
+    fn kind(&self) -> dsec_wire::api::Substrate {
+        dsec_wire::api::Substrate::Container
+    }
+
+    fn create(
+        &self,
+        spec: SandboxSpec,
+    ) -> BoxFut<'_, Result<Box<dyn LiveSandbox>, CreateSandboxError>> {
+        Box::pin(async move {
+            let sandbox = self.inner.create(spec).await?;
+            Ok(Box::new(ContainerLive {
+                substrate: self.inner.clone(),
+                sandbox,
+            }) as Box<dyn LiveSandbox>)
+        })
+    }
+
+    fn reap_orphans(&self, known_live: Vec<String>) -> BoxFut<'_, Vec<String>> {
+        Box::pin(async move { self.inner.reap_orphans(&known_live).await })
+    }
+}
+
+impl LiveSandbox for ContainerLive {
+    fn id(&self) -> &str {
+        self.sandbox.id()
+    }
+
+    fn aether(&self) -> &AetherClient {
+        self.sandbox.aether()
+    }
+
+    fn pid(&self) -> i32 {
+        self.sandbox.pid()
+    }
+
+    fn usage(&self) -> Usage {
+        self.sandbox.usage()
+    }
+
+    fn destroy(&self) -> BoxFut<'_, Result<(), DestroySandboxError>> {
+        Box::pin(self.substrate.destroy(&self.sandbox))
+    }
+
+    fn exited(&self) -> BoxFut<'_, ()> {
+        Box::pin(async move {
+            tokio::select! {
+                _ = self.sandbox.exited() => {}
+                _ = self.sandbox.aether().closed() => {}
+            }
+        })
+    }
+}
