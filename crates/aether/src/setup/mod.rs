@@ -5,5 +5,14 @@
 //! overlay, /proc /sys /dev are mounted and masked, the hostname is set, and aether itself has
 //! dropped to the sandbox's capability set with no_new_privs and seccomp (inherited by every
 //! command), and is non-dumpable.
+//!
+//! * [`mounts`] — overlay root, /proc, /sys, /dev, pivot_root, masks, read-only paths;
+//! * [`caps`] — capability bounding/effective sets, no_new_privs, dumpable;
+//! * [`seccomp`] — the syscall allowlist;
+//! * [`sys`] — the privileged calls behind a trait (a recording fake tests the mount order).
 
+pub mod caps;
 pub mod container;
+pub mod mounts;
+pub mod seccomp;
+pub mod sys;
