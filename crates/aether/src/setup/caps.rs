@@ -45,7 +45,7 @@ pub fn keep_mask() -> [u32; 2] {
 }
 
 /// The highest capability number the kernel knows.
-fn last_cap() -> u32 {
+pub fn last_cap() -> u32 {
     std::fs::read_to_string("/proc/sys/kernel/cap_last_cap")
         .ok()
         .and_then(|s| s.trim().parse().ok())
@@ -55,7 +55,15 @@ fn last_cap() -> u32 {
 /// `prctl(option, arg2, 0, 0, 0)`.
 fn prctl(option: libc::c_int, arg2: libc::c_ulong) -> io::Result<()> {
     // SAFETY: prctl with integer arguments only.
-    let rc = unsafe { libc::prctl(option, arg2, 0 as libc::c_ulong, 0 as libc::c_ulong, 0 as libc::c_ulong) };
+    let rc = unsafe {
+        libc::prctl(
+            option,
+            arg2,
+            0 as libc::c_ulong,
+            0 as libc::c_ulong,
+            0 as libc::c_ulong,
+        )
+    };
     if rc < 0 {
         Err(io::Error::last_os_error())
     } else {
@@ -81,10 +89,21 @@ const LINUX_CAPABILITY_VERSION_3: u32 = 0x2008_0522;
 
 /// `capset(2)` for the calling thread, the same mask for effective, permitted, inheritable.
 fn capset(mask: [u32; 2]) -> io::Result<()> {
-    let header = CapHeader { version: LINUX_CAPABILITY_VERSION_3, pid: 0 };
+    let header = CapHeader {
+        version: LINUX_CAPABILITY_VERSION_3,
+        pid: 0,
+    };
     let data = [
-        CapData { effective: mask[0], permitted: mask[0], inheritable: mask[0] },
-        CapData { effective: mask[1], permitted: mask[1], inheritable: mask[1] },
+        CapData {
+            effective: mask[0],
+            permitted: mask[0],
+            inheritable: mask[0],
+        },
+        CapData {
+            effective: mask[1],
+            permitted: mask[1],
+            inheritable: mask[1],
+        },
     ];
     // SAFETY: a version-3 header and an array of two data structs, as the kernel expects.
     let rc = unsafe { libc::syscall(libc::SYS_capset, &header as *const CapHeader, data.as_ptr()) };
@@ -98,14 +117,27 @@ fn capset(mask: [u32; 2]) -> io::Result<()> {
 /// Drops every capability not in [`KEEP`] from the bounding set, clears the ambient set and
 /// sets effective/permitted/inheritable to [`KEEP`].
 pub fn restrict() -> io::Result<()> {
-    for cap in 0..=last_cap() {
+    restrict_upto(last_cap())
+}
+
+/// [`restrict`] with the kernel's highest capability number given (allocation-free on success,
+/// usable between fork and exec).
+pub fn restrict_upto(last_cap: u32) -> io::Result<()> {
+    for cap in 0..=last_cap {
         if !KEEP.contains(&cap) {
-            prctl(libc::PR_CAPBSET_DROP, cap as libc::c_ulong)
-                .map_err(|e| io::Error::new(e.kind(), format!("drop capability {cap} from the bounding set: {e}")))?;
+            prctl(libc::PR_CAPBSET_DROP, cap as libc::c_ulong).map_err(|e| {
+                io::Error::new(
+                    e.kind(),
+                    format!("drop capability {cap} from the bounding set: {e}"),
+                )
+            })?;
         }
     }
-    prctl(libc::PR_CAP_AMBIENT, libc::PR_CAP_AMBIENT_CLEAR_ALL as libc::c_ulong)
-        .map_err(|e| io::Error::new(e.kind(), format!("clear ambient capabilities: {e}")))?;
+    prctl(
+        libc::PR_CAP_AMBIENT,
+        libc::PR_CAP_AMBIENT_CLEAR_ALL as libc::c_ulong,
+    )
+    .map_err(|e| io::Error::new(e.kind(), format!("clear ambient capabilities: {e}")))?;
     capset(keep_mask()).map_err(|e| io::Error::new(e.kind(), format!("capset: {e}")))
 }
 

@@ -33,11 +33,19 @@ pub const KEEP_FDS_UP_TO: RawFd = 4;
 /// Checks the message before anything is mounted.
 pub fn validate(setup: &ContainerSetup) -> Result<(), SetupError> {
     let bad = |m: String| Err(SetupError(m));
-    let host_path_ok = |p: &str| p.starts_with('/') && !p.contains([':', ',', '\\', '\0']) && !p.split('/').any(|c| c == "..");
+    let host_path_ok = |p: &str| {
+        p.starts_with('/')
+            && !p.contains([':', ',', '\\', '\0'])
+            && !p.split('/').any(|c| c == "..")
+    };
     if setup.lowers.is_empty() {
         return bad("no lower layers".into());
     }
-    for p in setup.lowers.iter().chain([&setup.upper, &setup.work, &setup.rootfs]) {
+    for p in setup
+        .lowers
+        .iter()
+        .chain([&setup.upper, &setup.work, &setup.rootfs])
+    {
         if !host_path_ok(p) {
             return bad(format!("bad layer path {p:?}"));
         }
@@ -48,7 +56,12 @@ pub fn validate(setup: &ContainerSetup) -> Result<(), SetupError> {
         }
     }
     let h = &setup.hostname;
-    if h.is_empty() || h.len() > 64 || !h.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'.') {
+    if h.is_empty()
+        || h.len() > 64
+        || !h
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'.')
+    {
         return bad(format!("bad hostname {h:?}"));
     }
     Ok(())
@@ -72,9 +85,11 @@ pub fn apply(setup: &ContainerSetup) -> Result<(), SetupError> {
     };
     mounts::build_root(&mut sys, &spec).map_err(|e| fail("build root", e))?;
     mounts::mask(&mut sys, &setup.masked_paths).map_err(|e| fail("mask paths", e))?;
-    mounts::make_readonly(&mut sys, &setup.readonly_paths).map_err(|e| fail("read-only paths", e))?;
+    mounts::make_readonly(&mut sys, &setup.readonly_paths)
+        .map_err(|e| fail("read-only paths", e))?;
     nix::unistd::sethostname(&setup.hostname).map_err(|e| fail("sethostname", e))?;
-    std::fs::write("/proc/self/oom_score_adj", "-1000").map_err(|e| fail("set oom_score_adj", e))?;
+    std::fs::write("/proc/self/oom_score_adj", "-1000")
+        .map_err(|e| fail("set oom_score_adj", e))?;
     fd_hygiene().map_err(|e| fail("close inherited fds", e))?;
     caps::restrict().map_err(|e| fail("drop capabilities", e))?;
     caps::set_no_new_privs().map_err(|e| fail("set no_new_privs", e))?;
@@ -87,7 +102,10 @@ pub fn apply(setup: &ContainerSetup) -> Result<(), SetupError> {
 /// stdio must not leak into the sandbox).
 fn fd_hygiene() -> std::io::Result<()> {
     close_range_from(KEEP_FDS_UP_TO + 1)?;
-    let null = std::fs::OpenOptions::new().read(true).write(true).open("/dev/null")?;
+    let null = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open("/dev/null")?;
     for fd in 0..=2 {
         dup2(std::os::fd::AsRawFd::as_raw_fd(&null), fd)?;
     }
@@ -98,7 +116,14 @@ fn fd_hygiene() -> std::io::Result<()> {
 fn close_range_from(first: RawFd) -> std::io::Result<()> {
     // SAFETY: closes fds we do not reference anywhere afterwards (nothing above 4 is held by
     // this process at this point of setup).
-    let rc = unsafe { libc::syscall(libc::SYS_close_range, first as libc::c_uint, libc::c_uint::MAX, 0 as libc::c_uint) };
+    let rc = unsafe {
+        libc::syscall(
+            libc::SYS_close_range,
+            first as libc::c_uint,
+            libc::c_uint::MAX,
+            0 as libc::c_uint,
+        )
+    };
     if rc < 0 {
         Err(std::io::Error::last_os_error())
     } else {
@@ -119,6 +144,87 @@ fn dup2(old: RawFd, new: RawFd) -> std::io::Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::os::unix::process::CommandExt;
+    use std::process::Command;
+
+    /// Runs `sh -c script` under busybox with aether's capability set, no_new_privs and
+    /// seccomp filter applied between fork and exec; returns (exit code, stdout+stderr).
+    fn restricted(script: &str) -> (i32, String) {
+        let filters = seccomp::Filters::build().unwrap();
+        let last = caps::last_cap();
+        let mut cmd = Command::new("/bin/busybox");
+        cmd.args(["sh", "-c", script]);
+        // SAFETY: the closure only makes prctl/capset/seccomp system calls on data prepared
+        // before the fork; it allocates only on the error path.
+        unsafe {
+            cmd.pre_exec(move || {
+                caps::restrict_upto(last)?;
+                caps::set_no_new_privs()?;
+                filters.install().map_err(|e| std::io::Error::other(e.0))?;
+                Ok(())
+            });
+        }
+        let out = cmd.output().unwrap();
+        let text = format!(
+            "{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        (out.status.code().unwrap_or(-1), text)
+    }
+
+    fn can_run() -> bool {
+        // SAFETY: geteuid has no preconditions.
+        if unsafe { libc::geteuid() } != 0 {
+            eprintln!("skipping: needs root");
+            return false;
+        }
+        if !std::path::Path::new("/bin/busybox").exists() {
+            eprintln!("skipping: /bin/busybox (busybox-static) not installed");
+            return false;
+        }
+        true
+    }
+
+    #[test]
+    fn restrictions_hold_for_root() {
+        if !can_run() {
+            return;
+        }
+        let path = std::env::temp_dir().join(format!("dsec-setup-test-{}", std::process::id()));
+        std::fs::create_dir_all(&path).unwrap();
+        let d = path.display();
+        // Normal work still runs: fork (clone3 falls back to clone), pipes, files, chown, kill.
+        let (code, out) = restricted(&format!(
+            "echo hi | cat > {d}/f && chown 1000:1000 {d}/f && chmod 600 {d}/f && cat {d}/f; sleep 5 & kill $! ; wait; mkfifo {d}/p && echo fifo-ok"
+        ));
+        assert_eq!(code, 0, "{out}");
+        assert!(out.contains("hi") && out.contains("fifo-ok"), "{out}");
+        // Privileged operations fail.
+        for script in [
+            format!("mount -t tmpfs none {d}"),
+            "unshare -m true".to_string(),
+            "unshare -n true".to_string(),
+            format!("mknod {d}/b b 8 0"),
+            format!("mknod {d}/c c 1 3"),
+            "hostname evil".to_string(),
+            // busybox date exits 0 even when it cannot set the clock.
+            "date -s 2001-01-01 2>&1 | grep -q 'not permitted' && exit 1; exit 0".to_string(),
+            "insmod /nonexistent.ko".to_string(),
+            "nsenter -t 1 -m true".to_string(),
+            "cat /proc/1/environ".to_string(),
+        ] {
+            let (code, out) = restricted(&script);
+            assert_ne!(code, 0, "{script} succeeded: {out}");
+        }
+        let (_, status) =
+            restricted("grep -E '^Cap(Bnd|Eff|Prm)|^NoNewPrivs|^Seccomp:' /proc/self/status");
+        let mask = format!("{:08x}{:08x}", caps::keep_mask()[1], caps::keep_mask()[0]);
+        assert!(status.contains(&format!("CapBnd:\t{mask}")), "{status}");
+        assert!(status.contains(&format!("CapEff:\t{mask}")), "{status}");
+        assert!(status.contains("NoNewPrivs:\t1"), "{status}");
+        assert!(status.contains("Seccomp:\t2"), "{status}");
+    }
 
     fn ok_setup() -> ContainerSetup {
         ContainerSetup {

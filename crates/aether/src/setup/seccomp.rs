@@ -19,7 +19,8 @@
 use std::collections::BTreeMap;
 
 use seccompiler::{
-    BpfProgram, SeccompAction, SeccompCmpArgLen, SeccompCmpOp, SeccompCondition, SeccompFilter, SeccompRule,
+    BpfProgram, SeccompAction, SeccompCmpArgLen, SeccompCmpOp, SeccompCondition, SeccompFilter,
+    SeccompRule,
 };
 
 /// Allowed without conditions, on every architecture.
@@ -363,7 +364,12 @@ fn err(what: &str, e: impl std::fmt::Display) -> SeccompError {
     SeccompError(format!("{what}: {e}"))
 }
 
-fn cond(arg: u8, len: SeccompCmpArgLen, op: SeccompCmpOp, value: u64) -> Result<SeccompCondition, SeccompError> {
+fn cond(
+    arg: u8,
+    len: SeccompCmpArgLen,
+    op: SeccompCmpOp,
+    value: u64,
+) -> Result<SeccompCondition, SeccompError> {
     SeccompCondition::new(arg, len, op, value).map_err(|e| err("seccomp condition", e))
 }
 
@@ -372,7 +378,9 @@ fn rule(conds: Vec<SeccompCondition>) -> Result<SeccompRule, SeccompError> {
 }
 
 fn arch() -> Result<seccompiler::TargetArch, SeccompError> {
-    std::env::consts::ARCH.try_into().map_err(|e| err("seccomp architecture", e))
+    std::env::consts::ARCH
+        .try_into()
+        .map_err(|e| err("seccomp architecture", e))
 }
 
 /// The allowlist filter (EPERM for everything not allowed).
@@ -385,41 +393,89 @@ pub fn allowlist() -> Result<BpfProgram, SeccompError> {
     // clone: no namespace flags.
     rules.insert(
         libc::SYS_clone,
-        vec![rule(vec![cond(0, Qword, SeccompCmpOp::MaskedEq(CLONE_NS_FLAGS), 0)?])?],
+        vec![rule(vec![cond(
+            0,
+            Qword,
+            SeccompCmpOp::MaskedEq(CLONE_NS_FLAGS),
+            0,
+        )?])?],
     );
     // personality: only the harmless personas.
     rules.insert(
         libc::SYS_personality,
-        PERSONAS.iter().map(|p| rule(vec![cond(0, Dword, SeccompCmpOp::Eq, *p)?])).collect::<Result<_, _>>()?,
+        PERSONAS
+            .iter()
+            .map(|p| rule(vec![cond(0, Dword, SeccompCmpOp::Eq, *p)?]))
+            .collect::<Result<_, _>>()?,
     );
     // socket: anything but vsock.
-    rules.insert(libc::SYS_socket, vec![rule(vec![cond(0, Dword, SeccompCmpOp::Ne, AF_VSOCK)?])?]);
+    rules.insert(
+        libc::SYS_socket,
+        vec![rule(vec![cond(0, Dword, SeccompCmpOp::Ne, AF_VSOCK)?])?],
+    );
     // ioctl: no terminal input injection.
     rules.insert(
         libc::SYS_ioctl,
-        vec![rule(vec![cond(1, Dword, SeccompCmpOp::Ne, TIOCSTI)?, cond(1, Dword, SeccompCmpOp::Ne, TIOCLINUX)?])?],
+        vec![rule(vec![
+            cond(1, Dword, SeccompCmpOp::Ne, TIOCSTI)?,
+            cond(1, Dword, SeccompCmpOp::Ne, TIOCLINUX)?,
+        ])?],
     );
-    let filter = SeccompFilter::new(rules, SeccompAction::Errno(libc::EPERM as u32), SeccompAction::Allow, arch()?)
-        .map_err(|e| err("build seccomp filter", e))?;
-    filter.try_into().map_err(|e| err("compile seccomp filter", e))
+    let filter = SeccompFilter::new(
+        rules,
+        SeccompAction::Errno(libc::EPERM as u32),
+        SeccompAction::Allow,
+        arch()?,
+    )
+    .map_err(|e| err("build seccomp filter", e))?;
+    filter
+        .try_into()
+        .map_err(|e| err("compile seccomp filter", e))
 }
 
 /// The second filter: `clone3` fails with ENOSYS, everything else passes on to the allowlist.
 pub fn clone3_enosys() -> Result<BpfProgram, SeccompError> {
     let mut rules: BTreeMap<i64, Vec<SeccompRule>> = BTreeMap::new();
     rules.insert(libc::SYS_clone3, Vec::new());
-    let filter = SeccompFilter::new(rules, SeccompAction::Allow, SeccompAction::Errno(libc::ENOSYS as u32), arch()?)
-        .map_err(|e| err("build clone3 filter", e))?;
-    filter.try_into().map_err(|e| err("compile clone3 filter", e))
+    let filter = SeccompFilter::new(
+        rules,
+        SeccompAction::Allow,
+        SeccompAction::Errno(libc::ENOSYS as u32),
+        arch()?,
+    )
+    .map_err(|e| err("build clone3 filter", e))?;
+    filter
+        .try_into()
+        .map_err(|e| err("compile clone3 filter", e))
 }
 
-/// Installs both filters on every thread of the calling process (sets no_new_privs first).
+/// Both compiled filters.
+pub struct Filters {
+    allow: BpfProgram,
+    clone3: BpfProgram,
+}
+
+impl Filters {
+    pub fn build() -> Result<Self, SeccompError> {
+        Ok(Filters {
+            allow: allowlist()?,
+            clone3: clone3_enosys()?,
+        })
+    }
+
+    /// Installs both filters on every thread of the calling process (sets no_new_privs first).
+    /// Allocation-free on success.
+    pub fn install(&self) -> Result<(), SeccompError> {
+        seccompiler::apply_filter_all_threads(&self.allow)
+            .map_err(|e| err("install seccomp allowlist", e))?;
+        seccompiler::apply_filter_all_threads(&self.clone3)
+            .map_err(|e| err("install clone3 filter", e))
+    }
+}
+
+/// Builds and installs both filters.
 pub fn install() -> Result<(), SeccompError> {
-    let allow = allowlist()?;
-    let clone3 = clone3_enosys()?;
-    seccompiler::apply_filter_all_threads(&allow).map_err(|e| err("install seccomp allowlist", e))?;
-    seccompiler::apply_filter_all_threads(&clone3).map_err(|e| err("install clone3 filter", e))?;
-    Ok(())
+    Filters::build()?.install()
 }
 
 #[cfg(test)]
@@ -428,7 +484,12 @@ mod tests {
 
     #[test]
     fn denied_syscalls_are_not_listed() {
-        let all: Vec<libc::c_long> = ALLOWED.iter().chain(ALLOWED_NEW).chain(ALLOWED_ARCH).copied().collect();
+        let all: Vec<libc::c_long> = ALLOWED
+            .iter()
+            .chain(ALLOWED_NEW)
+            .chain(ALLOWED_ARCH)
+            .copied()
+            .collect();
         let mut denied = vec![
             libc::SYS_mount,
             libc::SYS_umount2,
@@ -484,7 +545,10 @@ mod tests {
             libc::SYS_modify_ldt,
         ]);
         for nr in denied {
-            assert!(!all.contains(&nr), "syscall {nr} must not be unconditionally allowed");
+            assert!(
+                !all.contains(&nr),
+                "syscall {nr} must not be unconditionally allowed"
+            );
         }
     }
 

@@ -64,7 +64,10 @@ impl Sys for RealSys {
         if path.is_dir() {
             return Ok(());
         }
-        std::fs::DirBuilder::new().recursive(true).mode(mode).create(path)
+        std::fs::DirBuilder::new()
+            .recursive(true)
+            .mode(mode)
+            .create(path)
     }
 
     fn mknod_char(&mut self, path: &Path, mode: u32, major: u64, minor: u64) -> io::Result<()> {
@@ -120,7 +123,11 @@ pub mod fake {
             data: Option<&str>,
         ) -> io::Result<()> {
             let names: Vec<&str> = flags.iter_names().map(|(n, _)| n).collect();
-            let flags = if names.is_empty() { "(empty)".to_string() } else { names.join(" | ") };
+            let flags = if names.is_empty() {
+                "(empty)".to_string()
+            } else {
+                names.join(" | ")
+            };
             self.calls.push(format!(
                 "mount {} {} {} {flags} {}",
                 source.unwrap_or("-"),
@@ -135,15 +142,18 @@ pub mod fake {
             Ok(())
         }
         fn mkdir_all(&mut self, path: &Path, mode: u32) -> io::Result<()> {
-            self.calls.push(format!("mkdir {} {mode:o}", path.display()));
+            self.calls
+                .push(format!("mkdir {} {mode:o}", path.display()));
             Ok(())
         }
         fn mknod_char(&mut self, path: &Path, mode: u32, major: u64, minor: u64) -> io::Result<()> {
-            self.calls.push(format!("mknod {} {mode:o} {major}:{minor}", path.display()));
+            self.calls
+                .push(format!("mknod {} {mode:o} {major}:{minor}", path.display()));
             Ok(())
         }
         fn symlink(&mut self, target: &str, link: &Path) -> io::Result<()> {
-            self.calls.push(format!("symlink {} -> {target}", link.display()));
+            self.calls
+                .push(format!("symlink {} -> {target}", link.display()));
             Ok(())
         }
         fn kind(&mut self, path: &Path) -> io::Result<Option<Kind>> {
