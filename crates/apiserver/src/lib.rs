@@ -67,6 +67,7 @@ impl ApiServer {
         let http = reqwest::Client::builder()
             .connect_timeout(Duration::from_millis(config.edge_connect_timeout_ms))
             .tcp_nodelay(true)
+            .no_proxy()
             .pool_max_idle_per_host(256)
             .build()?;
         let metrics = Arc::new(metrics::Metrics::new());

@@ -1,1 +1,259 @@
-fn main() {}
+//! `dsec`: the command-line client and every server role in one binary.
+
+mod cmd;
+mod connect;
+mod envfile;
+mod logging;
+mod parse;
+mod server;
+mod table;
+mod tarball;
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+
+use clap::{Args, Parser, Subcommand};
+
+/// A usage error (exit code 2), as opposed to a failure (exit code 1).
+#[derive(Debug)]
+pub struct UsageError(pub String);
+
+impl std::fmt::Display for UsageError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+impl std::error::Error for UsageError {}
+
+/// Exit with this code, after printing nothing more (the command already reported).
+#[derive(Debug)]
+pub struct ExitCode(pub i32);
+impl std::fmt::Display for ExitCode {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "exit code {}", self.0)
+    }
+}
+impl std::error::Error for ExitCode {}
+
+#[derive(Parser, Debug)]
+#[command(
+    name = "dsec",
+    version,
+    about = "dsec: elastic sandboxes for agentic RL",
+    propagate_version = true
+)]
+pub struct Cli {
+    #[command(flatten)]
+    pub global: Global,
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+#[derive(Args, Debug, Clone)]
+pub struct Global {
+    /// API URL (default: $DSEC_API_URL, then /var/lib/dsec/env).
+    #[arg(long, global = true, env = "DSEC_API_URL", hide_env_values = true)]
+    pub url: Option<String>,
+    /// API key (default: $DSEC_API_KEY, then /var/lib/dsec/env).
+    #[arg(long, global = true, env = "DSEC_API_KEY", hide_env_values = true)]
+    pub api_key: Option<String>,
+    /// Log filter when RUST_LOG is unset (error, warn, info, debug, trace or a filter spec).
+    #[arg(long, global = true)]
+    pub log_level: Option<String>,
+    /// Log as JSON lines (to stderr).
+    #[arg(long, global = true)]
+    pub log_json: bool,
+}
+
+#[derive(Subcommand, Debug)]
+pub enum Command {
+    /// Run apiserver + watcher + one edge in this process.
+    Up(UpArgs),
+    /// Run an edge only.
+    Edge(EdgeArgs),
+    /// Run an apiserver only.
+    Apiserver(ApiserverArgs),
+    /// Create a sandbox from IMAGE and print its id.
+    Run(cmd::sandbox::RunArgs),
+    /// Run a command in a sandbox, streaming its output; exits with its exit code.
+    Exec(cmd::exec::ExecArgs),
+    /// Open an interactive terminal in a sandbox.
+    Shell(cmd::shell::ShellArgs),
+    /// List sandboxes.
+    Ps(cmd::sandbox::PsArgs),
+    /// Stop sandboxes.
+    Stop(cmd::sandbox::StopArgs),
+    /// Copy a file into or out of a sandbox (one side is ID:/path).
+    Cp(cmd::cp::CpArgs),
+    /// Manage images.
+    #[command(subcommand)]
+    Image(cmd::image::ImageCommand),
+    /// List nodes (edges) as the apiserver sees them.
+    Nodes(cmd::nodes::NodesArgs),
+}
+
+#[derive(Args, Debug)]
+pub struct UpArgs {
+    /// State directory (edge data, IAM database, env file).
+    #[arg(long)]
+    pub data_dir: Option<PathBuf>,
+    /// Public API address.
+    #[arg(long)]
+    pub listen: Option<SocketAddr>,
+    /// Edge API address (loopback; port 0 picks a free one).
+    #[arg(long)]
+    pub edge_listen: Option<SocketAddr>,
+    /// Node id of the edge.
+    #[arg(long)]
+    pub node_id: Option<String>,
+    /// TOML file with `[edge]` and `[apiserver]` tables; flags override it.
+    #[arg(long)]
+    pub config: Option<PathBuf>,
+}
+
+#[derive(Args, Debug)]
+pub struct EdgeArgs {
+    #[arg(long)]
+    pub listen: Option<SocketAddr>,
+    #[arg(long)]
+    pub data_dir: Option<PathBuf>,
+    #[arg(long)]
+    pub node_id: Option<String>,
+    /// Bearer token the apiserver must present (default: generated, kept in <data-dir>/edge-token).
+    #[arg(long, env = "DSEC_EDGE_TOKEN", hide_env_values = true)]
+    pub token: Option<String>,
+    /// TOML file with an `[edge]` table; flags override it.
+    #[arg(long)]
+    pub config: Option<PathBuf>,
+}
+
+#[derive(Args, Debug)]
+pub struct ApiserverArgs {
+    #[arg(long)]
+    pub listen: Option<SocketAddr>,
+    /// An edge as URL[#token]; repeat for several.
+    #[arg(long = "edge", value_name = "URL[#TOKEN]")]
+    pub edges: Vec<String>,
+    /// IAM database (default /var/lib/dsec/apiserver.db).
+    #[arg(long)]
+    pub db: Option<PathBuf>,
+    /// Where the admin key is kept in plain text, 0600 (default: `env` next to the database).
+    #[arg(long)]
+    pub env_file: Option<PathBuf>,
+    /// TOML file with an `[apiserver]` table; flags override it.
+    #[arg(long)]
+    pub config: Option<PathBuf>,
+}
+
+fn main() {
+    let cli = match Cli::try_parse() {
+        Ok(c) => c,
+        Err(e) => {
+            let code = if e.use_stderr() { 2 } else { 0 };
+            let _ = e.print();
+            std::process::exit(code);
+        }
+    };
+    let server = matches!(
+        cli.command,
+        Command::Up(_) | Command::Edge(_) | Command::Apiserver(_)
+    );
+    let default_level = if server { "info" } else { "warn" };
+    if let Err(e) = logging::init(
+        cli.global.log_level.as_deref().unwrap_or(default_level),
+        cli.global.log_json,
+    ) {
+        eprintln!("dsec: {e:#}");
+        std::process::exit(2);
+    }
+    let rt = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("dsec: start async runtime: {e}");
+            std::process::exit(1);
+        }
+    };
+    let result = rt.block_on(run(cli));
+    let code = match result {
+        Ok(()) => 0,
+        Err(e) => {
+            if let Some(ExitCode(c)) = e.downcast_ref::<ExitCode>() {
+                *c
+            } else if let Some(u) = e.downcast_ref::<UsageError>() {
+                eprintln!("dsec: {u}");
+                2
+            } else {
+                eprintln!("dsec: {e:#}");
+                1
+            }
+        }
+    };
+    // Do not wait for blocking threads (e.g. a stdin reader of `dsec shell`).
+    rt.shutdown_timeout(std::time::Duration::from_millis(100));
+    std::process::exit(code);
+}
+
+async fn run(cli: Cli) -> anyhow::Result<()> {
+    let g = cli.global;
+    match cli.command {
+        Command::Up(a) => server::up(a).await,
+        Command::Edge(a) => server::edge(a).await,
+        Command::Apiserver(a) => server::apiserver(a).await,
+        Command::Run(a) => cmd::sandbox::run(&connect::client(&g)?, a).await,
+        Command::Exec(a) => cmd::exec::exec(&connect::client(&g)?, a).await,
+        Command::Shell(a) => cmd::shell::shell(&connect::client(&g)?, a).await,
+        Command::Ps(a) => cmd::sandbox::ps(&connect::client(&g)?, a).await,
+        Command::Stop(a) => cmd::sandbox::stop(&connect::client(&g)?, a).await,
+        Command::Cp(a) => cmd::cp::cp(&connect::client(&g)?, a).await,
+        Command::Image(c) => cmd::image::image(&connect::client(&g)?, c).await,
+        Command::Nodes(a) => cmd::nodes::nodes(&connect::client(&g)?, a).await,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn cli_is_consistent() {
+        use clap::CommandFactory;
+        Cli::command().debug_assert();
+    }
+
+    #[test]
+    fn exec_parses_trailing_command() {
+        let cli = Cli::try_parse_from([
+            "dsec",
+            "exec",
+            "sb-n0-0000000000000000",
+            "--timeout",
+            "5",
+            "--",
+            "ls",
+            "-la",
+        ])
+        .unwrap();
+        match cli.command {
+            Command::Exec(a) => {
+                assert_eq!(a.cmd, vec!["ls", "-la"]);
+                assert_eq!(a.timeout, Some(5.0));
+            }
+            other => panic!("{other:?}"),
+        }
+        assert!(Cli::try_parse_from([
+            "dsec",
+            "exec",
+            "x",
+            "--session",
+            "s",
+            "--no-shell",
+            "--",
+            "ls"
+        ])
+        .is_err());
+        assert!(Cli::try_parse_from(["dsec", "run", "busybox", "--env", "novalue"]).is_err());
+    }
+}

@@ -1,0 +1,14 @@
+//! Client commands, one file per resource.
+
+pub mod cp;
+pub mod exec;
+pub mod image;
+pub mod nodes;
+pub mod sandbox;
+pub mod shell;
+
+/// Prints a value as pretty JSON on stdout.
+pub fn print_json<T: serde::Serialize>(v: &T) -> anyhow::Result<()> {
+    println!("{}", serde_json::to_string_pretty(v)?);
+    Ok(())
+}

@@ -1,0 +1,134 @@
+//! `dsec run`, `dsec ps`, `dsec stop`.
+
+use std::collections::BTreeMap;
+
+use anyhow::Context;
+use clap::Args;
+use dsec_client::Client;
+use dsec_wire::api::CreateSandboxRequest;
+
+use crate::parse::parse_kv;
+
+#[derive(Args, Debug)]
+pub struct RunArgs {
+    /// Image name (`name` or `name:tag`).
+    pub image: String,
+    /// Memory limit in MiB.
+    #[arg(long)]
+    pub memory: Option<u64>,
+    /// CPU limit in cores (fractions allowed).
+    #[arg(long)]
+    pub cpus: Option<f64>,
+    /// Maximum number of processes.
+    #[arg(long)]
+    pub pids: Option<u64>,
+    /// User commands run as (`root`, a name or a uid of the image).
+    #[arg(long)]
+    pub user: Option<String>,
+    /// Hostname inside the sandbox.
+    #[arg(long)]
+    pub hostname: Option<String>,
+    /// Stop after this many idle seconds.
+    #[arg(long)]
+    pub ttl: Option<u64>,
+    /// Environment for every command (repeatable).
+    #[arg(long = "env", short = 'e', value_name = "K=V", value_parser = parse_kv)]
+    pub env: Vec<(String, String)>,
+    /// Labels (repeatable).
+    #[arg(long = "label", short = 'l', value_name = "K=V", value_parser = parse_kv)]
+    pub labels: Vec<(String, String)>,
+    /// Print the whole sandbox as JSON instead of its id.
+    #[arg(long)]
+    pub json: bool,
+}
+
+pub async fn run(c: &Client, a: RunArgs) -> anyhow::Result<()> {
+    let req = CreateSandboxRequest {
+        image: a.image.clone(),
+        memory_limit_mb: a.memory,
+        cpu_cores_limit: a.cpus,
+        pids_limit: a.pids,
+        init_user: a.user,
+        hostname: a.hostname,
+        ttl_running_stop: a.ttl,
+        env: a.env.into_iter().collect::<BTreeMap<_, _>>(),
+        labels: a.labels.into_iter().collect::<BTreeMap<_, _>>(),
+        ..Default::default()
+    };
+    let info = c
+        .create(&req)
+        .await
+        .with_context(|| format!("create a sandbox from {}", a.image))?;
+    if a.json {
+        super::print_json(&info)?;
+    } else {
+        println!("{}", info.id);
+    }
+    Ok(())
+}
+
+#[derive(Args, Debug)]
+pub struct PsArgs {
+    /// Print JSON for scripts.
+    #[arg(long)]
+    pub json: bool,
+}
+
+pub async fn ps(c: &Client, a: PsArgs) -> anyhow::Result<()> {
+    let list = c.list().await.context("list sandboxes")?;
+    if a.json {
+        return super::print_json(&list);
+    }
+    let mut rows: Vec<Vec<String>> = list
+        .sandboxes
+        .iter()
+        .map(|s| {
+            vec![
+                s.id.clone(),
+                serde_json::to_value(s.state)
+                    .ok()
+                    .and_then(|v| v.as_str().map(str::to_string))
+                    .unwrap_or_default(),
+                s.image.clone(),
+                s.node.clone(),
+                format!("{}M", s.memory_limit_mb),
+                format!("{}", s.cpu_cores_limit),
+                s.created_at.clone(),
+            ]
+        })
+        .collect();
+    rows.sort_by(|a, b| a[6].cmp(&b[6]));
+    print!(
+        "{}",
+        crate::table::render(
+            &["ID", "STATE", "IMAGE", "NODE", "MEMORY", "CPUS", "CREATED"],
+            &rows
+        )
+    );
+    Ok(())
+}
+
+#[derive(Args, Debug)]
+pub struct StopArgs {
+    /// Sandbox ids.
+    #[arg(required = true)]
+    pub ids: Vec<String>,
+}
+
+pub async fn stop(c: &Client, a: StopArgs) -> anyhow::Result<()> {
+    let results = futures::future::join_all(a.ids.iter().map(|id| c.stop(id))).await;
+    let mut failed = 0;
+    for (id, r) in a.ids.iter().zip(results) {
+        match r {
+            Ok(_) => println!("{id}"),
+            Err(e) => {
+                eprintln!("dsec: stop {id}: {e}");
+                failed += 1;
+            }
+        }
+    }
+    if failed > 0 {
+        return Err(crate::ExitCode(1).into());
+    }
+    Ok(())
+}

@@ -1,0 +1,335 @@
+//! Server roles: `dsec up` (edge + apiserver in one process), `dsec edge`, `dsec apiserver`.
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context};
+use dsec_apiserver::{ApiConfig, ApiServer, EdgeEndpoint};
+use dsec_edge::{Edge, EdgeConfig};
+use serde::Deserialize;
+use tokio::task::JoinHandle;
+
+use crate::{ApiserverArgs, EdgeArgs, UpArgs};
+
+/// The TOML file: `[edge]` and `[apiserver]` tables, both optional.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct FileConfig {
+    #[serde(default)]
+    edge: Option<toml::Table>,
+    #[serde(default)]
+    apiserver: Option<toml::Table>,
+}
+
+struct Loaded {
+    edge: EdgeConfig,
+    api: ApiConfig,
+    edge_listen_set: bool,
+    api_db_set: bool,
+}
+
+fn load_config(path: Option<&Path>) -> anyhow::Result<Loaded> {
+    let Some(path) = path else {
+        return Ok(Loaded {
+            edge: EdgeConfig::default(),
+            api: ApiConfig::default(),
+            edge_listen_set: false,
+            api_db_set: false,
+        });
+    };
+    let text =
+        std::fs::read_to_string(path).with_context(|| format!("read config {}", path.display()))?;
+    let file: FileConfig =
+        toml::from_str(&text).with_context(|| format!("parse config {}", path.display()))?;
+    let edge_listen_set = file.edge.as_ref().is_some_and(|t| t.contains_key("listen"));
+    let api_db_set = file
+        .apiserver
+        .as_ref()
+        .is_some_and(|t| t.contains_key("db_path"));
+    let edge: EdgeConfig = match file.edge {
+        Some(t) => t
+            .try_into()
+            .with_context(|| format!("config {}: [edge]", path.display()))?,
+        None => EdgeConfig::default(),
+    };
+    let api: ApiConfig = match file.apiserver {
+        Some(t) => t
+            .try_into()
+            .with_context(|| format!("config {}: [apiserver]", path.display()))?,
+        None => ApiConfig::default(),
+    };
+    Ok(Loaded {
+        edge,
+        api,
+        edge_listen_set,
+        api_db_set,
+    })
+}
+
+/// Binds the edge listener and serves the edge's router on it.
+async fn serve_edge(edge: &Edge, listener: tokio::net::TcpListener) -> JoinHandle<()> {
+    let router = edge.router();
+    tokio::spawn(async move {
+        if let Err(e) = axum::serve(listener, router).await {
+            tracing::error!(error = %e, "edge stopped serving");
+        }
+    })
+}
+
+/// Polls `url` until it answers 200 or `timeout` passes.
+async fn wait_http_ok(url: &str, timeout: Duration) -> anyhow::Result<()> {
+    let http = reqwest::Client::builder()
+        .no_proxy()
+        .timeout(Duration::from_secs(2))
+        .build()?;
+    let deadline = Instant::now() + timeout;
+    loop {
+        match http.get(url).send().await {
+            Ok(r) if r.status().is_success() => return Ok(()),
+            r => {
+                if Instant::now() > deadline {
+                    bail!("{url} did not answer within {timeout:?}: {r:?}");
+                }
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// The admin key to print: a new one from a fresh database, else the one kept in `env_file`
+/// (checked against the database), else a newly issued one.
+async fn admin_key(api: &ApiServer, env_file: &Path) -> anyhow::Result<String> {
+    if let Some(k) = api.bootstrap_key() {
+        return Ok(k.to_string());
+    }
+    if let Ok(vars) = crate::envfile::read(env_file) {
+        if let Some(k) = vars.get(dsec_client::ENV_KEY) {
+            if api.verify_key(k).await {
+                return Ok(k.clone());
+            }
+            tracing::warn!(file = %env_file.display(), "the stored admin key is not valid any more; issuing a new one");
+        }
+    }
+    api.issue_admin_key()
+        .context("issue an admin API key")?
+        .ok_or_else(|| anyhow::anyhow!("the IAM database has no admin principal"))
+}
+
+fn print_env(env_file: &Path, vars: &[(&str, &str)]) -> anyhow::Result<()> {
+    crate::envfile::write(env_file, vars)
+        .with_context(|| format!("write {}", env_file.display()))?;
+    use std::io::Write;
+    let mut out = std::io::stdout().lock();
+    for (k, v) in vars {
+        writeln!(out, "{k}={v}")?;
+    }
+    out.flush()?;
+    Ok(())
+}
+
+/// Waits for SIGINT or SIGTERM.
+async fn wait_for_signal() -> anyhow::Result<&'static str> {
+    use tokio::signal::unix::{signal, SignalKind};
+    let mut int = signal(SignalKind::interrupt()).context("watch SIGINT")?;
+    let mut term = signal(SignalKind::terminate()).context("watch SIGTERM")?;
+    Ok(tokio::select! {
+        _ = int.recv() => "SIGINT",
+        _ = term.recv() => "SIGTERM",
+    })
+}
+
+/// A second signal while shutting down exits at once.
+fn exit_on_second_signal() {
+    tokio::spawn(async {
+        if wait_for_signal().await.is_ok() {
+            eprintln!("dsec: second signal, exiting without finishing the shutdown");
+            std::process::exit(130);
+        }
+    });
+}
+
+pub async fn up(a: UpArgs) -> anyhow::Result<()> {
+    let Loaded {
+        mut edge,
+        mut api,
+        edge_listen_set,
+        api_db_set,
+    } = load_config(a.config.as_deref())?;
+    if let Some(d) = a.data_dir {
+        edge.data_dir = d;
+    }
+    if let Some(n) = a.node_id {
+        edge.node_id = n;
+    }
+    let edge_listen = a
+        .edge_listen
+        .or(edge_listen_set.then_some(edge.listen))
+        .unwrap_or(SocketAddr::from(([127, 0, 0, 1], 0)));
+    if let Some(l) = a.listen {
+        api.listen = l;
+    }
+    let data_dir = edge.data_dir.clone();
+    std::fs::create_dir_all(&data_dir).with_context(|| format!("create {}", data_dir.display()))?;
+    if !api_db_set {
+        api.db_path = data_dir.join("apiserver.db");
+    }
+
+    // The edge: its own loopback listener; the apiserver reaches it over HTTP.
+    let listener = tokio::net::TcpListener::bind(edge_listen)
+        .await
+        .with_context(|| format!("listen on {edge_listen} for the edge"))?;
+    edge.listen = listener.local_addr().context("edge listener address")?;
+    if edge.token.is_none() {
+        edge.token = Some(hex::encode(rand::random::<[u8; 24]>()));
+    }
+    let edge = Edge::start(edge).await.context("start the edge")?;
+    let edge_task = serve_edge(&edge, listener).await;
+    let edge_url = edge.config().url();
+    wait_http_ok(&format!("{edge_url}/healthz"), Duration::from_secs(30))
+        .await
+        .context("wait for the edge")?;
+
+    api.edges = vec![EdgeEndpoint {
+        node_id: Some(edge.config().node_id.clone()),
+        url: edge_url.clone(),
+        token: edge.token().to_string(),
+    }];
+    let server = match ApiServer::start(api).await {
+        Ok(s) => s,
+        Err(e) => {
+            edge.shutdown().await;
+            return Err(e).context("start the apiserver");
+        }
+    };
+    let api_url = server.url();
+    wait_http_ok(&format!("{api_url}/healthz"), Duration::from_secs(30))
+        .await
+        .context("wait for the apiserver")?;
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !server.edges_healthy().await {
+        if Instant::now() > deadline {
+            tracing::warn!("the edge is not healthy yet; see `dsec nodes`");
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let key = admin_key(&server, &data_dir.join("env")).await?;
+    print_env(
+        &data_dir.join("env"),
+        &[
+            (dsec_client::ENV_URL, &api_url),
+            (dsec_client::ENV_KEY, &key),
+        ],
+    )?;
+    tracing::info!(api = %api_url, edge = %edge_url, node = %edge.config().node_id, "dsec is up");
+
+    let sig = wait_for_signal().await?;
+    tracing::info!(signal = sig, "shutting down: stopping every sandbox");
+    exit_on_second_signal();
+    server.shutdown().await;
+    edge.shutdown().await;
+    edge_task.abort();
+    tracing::info!("stopped");
+    Ok(())
+}
+
+pub async fn edge(a: EdgeArgs) -> anyhow::Result<()> {
+    let Loaded { mut edge, .. } = load_config(a.config.as_deref())?;
+    if let Some(d) = a.data_dir {
+        edge.data_dir = d;
+    }
+    if let Some(n) = a.node_id {
+        edge.node_id = n;
+    }
+    if let Some(l) = a.listen {
+        edge.listen = l;
+    }
+    if a.token.is_some() {
+        edge.token = a.token;
+    }
+    let listener = tokio::net::TcpListener::bind(edge.listen)
+        .await
+        .with_context(|| format!("listen on {}", edge.listen))?;
+    edge.listen = listener.local_addr().context("edge listener address")?;
+    let edge = Edge::start(edge).await.context("start the edge")?;
+    let task = serve_edge(&edge, listener).await;
+    let url = edge.config().url();
+    wait_http_ok(&format!("{url}/healthz"), Duration::from_secs(30))
+        .await
+        .context("wait for the edge")?;
+    {
+        use std::io::Write;
+        let mut out = std::io::stdout().lock();
+        writeln!(out, "DSEC_EDGE_URL={url}")?;
+        writeln!(out, "DSEC_EDGE_TOKEN={}", edge.token())?;
+        out.flush()?;
+    }
+    let sig = wait_for_signal().await?;
+    tracing::info!(signal = sig, "shutting down: stopping every sandbox");
+    exit_on_second_signal();
+    edge.shutdown().await;
+    task.abort();
+    Ok(())
+}
+
+pub async fn apiserver(a: ApiserverArgs) -> anyhow::Result<()> {
+    let Loaded { mut api, .. } = load_config(a.config.as_deref())?;
+    if let Some(l) = a.listen {
+        api.listen = l;
+    }
+    if let Some(db) = a.db {
+        api.db_path = db;
+    }
+    for e in &a.edges {
+        api.edges
+            .push(EdgeEndpoint::parse(e).with_context(|| format!("--edge {e}"))?);
+    }
+    if api.edges.is_empty() {
+        return Err(crate::UsageError("pass at least one --edge URL[#token]".into()).into());
+    }
+    let env_file: PathBuf = a.env_file.unwrap_or_else(|| {
+        api.db_path
+            .parent()
+            .map(|p| p.join("env"))
+            .unwrap_or_else(|| PathBuf::from("env"))
+    });
+    let server = ApiServer::start(api).await.context("start the apiserver")?;
+    let url = server.url();
+    wait_http_ok(&format!("{url}/healthz"), Duration::from_secs(30))
+        .await
+        .context("wait for the apiserver")?;
+    let key = admin_key(&server, &env_file).await?;
+    print_env(
+        &env_file,
+        &[(dsec_client::ENV_URL, &url), (dsec_client::ENV_KEY, &key)],
+    )?;
+    let sig = wait_for_signal().await?;
+    tracing::info!(signal = sig, "shutting down");
+    server.shutdown().await;
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn config_file_tables() {
+        let d = tempfile::tempdir().unwrap();
+        let p = d.path().join("dsec.toml");
+        std::fs::write(
+            &p,
+            "[edge]\nnode_id = \"n3\"\ncapacity = 7\n[apiserver]\nwatcher_period_ms = 250\n",
+        )
+        .unwrap();
+        let l = load_config(Some(&p)).unwrap();
+        assert_eq!(l.edge.node_id, "n3");
+        assert_eq!(l.edge.capacity, 7);
+        assert_eq!(l.api.watcher_period_ms, 250);
+        assert!(!l.edge_listen_set);
+        std::fs::write(&p, "[edge]\nbogus = 1\n").unwrap();
+        let e = format!("{:#}", load_config(Some(&p)).err().unwrap());
+        assert!(e.contains("bogus"), "{e}");
+    }
+}
