@@ -242,6 +242,12 @@ struct CancelGuard {
     done: bool,
 }
 
+impl CancelGuard {
+    fn disarm(&mut self) {
+        self.done = true;
+    }
+}
+
 impl Drop for CancelGuard {
     fn drop(&mut self) {
         if !self.done {
@@ -257,7 +263,7 @@ impl Drop for CancelGuard {
 /// Waits for a non-streamed command's result; dropping the future cancels the command.
 pub async fn collect_call(
     client: AetherClient,
-    mut call: Call,
+    call: Call,
     sandbox: &str,
 ) -> Result<CommandOutput, EdgeError> {
     let mut guard = CancelGuard {
@@ -265,31 +271,15 @@ pub async fn collect_call(
         target: call.id(),
         done: false,
     };
-    let chan = |e| EdgeError::from_channel(sandbox, Subject::Other, e);
-    loop {
-        match call.next().await.map_err(chan)? {
-            Some((Reply::CommandDone(outcome), body)) => {
-                guard.done = true;
-                return split_output(outcome, body);
-            }
-            Some((Reply::Error(e), _)) => {
-                guard.done = true;
-                return Err(EdgeError::from_aether(Subject::Other, e));
-            }
-            Some((other, _)) if other.is_terminal() => {
-                guard.done = true;
-                return Err(EdgeError::Internal(format!(
-                    "sandbox agent answered a command with {other:?}"
-                )));
-            }
-            Some(_) => continue,
-            None => {
-                guard.done = true;
-                return Err(EdgeError::Internal(
-                    "the command ended without a result".into(),
-                ));
-            }
-        }
+    let collected = dsec_runtime::aether_client::collect(call).await;
+    guard.disarm();
+    let (reply, body) =
+        collected.map_err(|e| EdgeError::from_channel(sandbox, Subject::Other, e))?;
+    match reply {
+        Reply::CommandDone(outcome) => split_output(outcome, body),
+        other => Err(EdgeError::Internal(format!(
+            "sandbox agent answered a command with {other:?}"
+        ))),
     }
 }
 

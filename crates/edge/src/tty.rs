@@ -133,14 +133,16 @@ pub async fn bridge(mut ws: WebSocket, tty: Tty) {
             },
             from_client = ws.recv() => match from_client {
                 Some(Ok(Message::Binary(b))) => {
-                    if client.send(target, Request::TtyInput { target }, b).await.is_err() {
+                    // A request of its own; its `Done` is not awaited (dropping the call
+                    // discards it), so keystrokes are not delayed by round trips.
+                    if client.call(Request::TtyInput { target }, b).await.is_err() {
                         break;
                     }
                 }
                 Some(Ok(Message::Text(t))) => match parse_control(t.as_str()) {
                     Ok(TtyControl::Resize { rows, cols }) => {
                         if check_size(rows, cols).is_ok()
-                            && client.send(target, Request::TtyResize { target, rows, cols }, Bytes::new()).await.is_err()
+                            && client.call(Request::TtyResize { target, rows, cols }, Bytes::new()).await.is_err()
                         {
                             break;
                         }

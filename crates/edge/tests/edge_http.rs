@@ -1,0 +1,707 @@
+//! End-to-end test of the edge HTTP API on real containers: starts an edge on 127.0.0.1:0
+//! with a temporary data dir, creates a `busybox` sandbox, runs commands (plain, streamed,
+//! cancelled), round-trips files, opens a TTY, checks the error answers, kills a sandbox from
+//! outside, stops, shuts down and restarts over leftovers — and checks that sandbox dirs,
+//! cgroups and mounts are gone.
+//!
+//! Needs root and the static aether binary (`DSEC_AETHER`, or built by `scripts/build.sh`);
+//! skips with a printed reason otherwise.
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use base64::Engine as _;
+use dsec_edge::{Edge, EdgeConfig};
+use dsec_wire::api::{
+    CommandResult, ErrorBody, FileInfo, FileList, NodeStatus, SandboxInfo, SandboxState,
+    StreamEvent,
+};
+use futures::{SinkExt as _, StreamExt as _};
+use serde_json::json;
+
+fn skip_reason() -> Option<String> {
+    if !nix::unistd::geteuid().is_root() {
+        return Some("needs root (namespaces, cgroups, mounts)".into());
+    }
+    if let Err(tried) = EdgeConfig::default().resolve_aether_path() {
+        return Some(format!("aether binary not built (set DSEC_AETHER or run scripts/build.sh); looked at {tried:?}"));
+    }
+    if !Path::new("/sys/fs/cgroup/memory").is_dir()
+        && !Path::new("/sys/fs/cgroup/cgroup.controllers").exists()
+    {
+        return Some("no usable cgroup hierarchy".into());
+    }
+    None
+}
+
+/// Removes what a failed run could leave: the node's cgroups and mounts under the data dir.
+struct Cleanup {
+    node: String,
+    data: PathBuf,
+}
+
+impl Drop for Cleanup {
+    fn drop(&mut self) {
+        for m in mounts_under(&self.data) {
+            let _ = nix::mount::umount2(Path::new(&m), nix::mount::MntFlags::MNT_DETACH);
+        }
+        for c in cgroup_dirs(&self.node) {
+            remove_cgroup_tree(&c);
+        }
+    }
+}
+
+fn remove_cgroup_tree(dir: &Path) {
+    if let Ok(entries) = std::fs::read_dir(dir) {
+        for e in entries.flatten() {
+            if e.file_type().map(|t| t.is_dir()).unwrap_or(false) {
+                remove_cgroup_tree(&e.path());
+            }
+        }
+    }
+    let _ = std::fs::remove_dir(dir);
+}
+
+fn cgroup_dirs(node: &str) -> Vec<PathBuf> {
+    let mut out = Vec::new();
+    if let Ok(entries) = std::fs::read_dir("/sys/fs/cgroup") {
+        for e in entries.flatten() {
+            let p = e.path().join("dsec").join(node);
+            if p.exists() {
+                out.push(p);
+            }
+        }
+    }
+    out
+}
+
+fn mounts_under(dir: &Path) -> Vec<String> {
+    let text = std::fs::read_to_string("/proc/self/mountinfo").unwrap_or_default();
+    let prefix = dir.to_string_lossy().to_string();
+    text.lines()
+        .filter_map(|l| l.split(' ').nth(4).map(str::to_string))
+        .filter(|m| m.starts_with(&prefix))
+        .collect()
+}
+
+struct Api {
+    http: reqwest::Client,
+    base: String,
+    token: String,
+}
+
+impl Api {
+    fn url(&self, p: &str) -> String {
+        format!("{}{}", self.base, p)
+    }
+    fn get(&self, p: &str) -> reqwest::RequestBuilder {
+        self.http.get(self.url(p)).bearer_auth(&self.token)
+    }
+    fn post(&self, p: &str) -> reqwest::RequestBuilder {
+        self.http.post(self.url(p)).bearer_auth(&self.token)
+    }
+    fn put(&self, p: &str) -> reqwest::RequestBuilder {
+        self.http.put(self.url(p)).bearer_auth(&self.token)
+    }
+    fn delete(&self, p: &str) -> reqwest::RequestBuilder {
+        self.http.delete(self.url(p)).bearer_auth(&self.token)
+    }
+    async fn shell(&self, id: &str, body: serde_json::Value) -> CommandResult {
+        let r = self
+            .post(&format!("/edge/v1/sandboxes/{id}/shell"))
+            .json(&body)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), 200, "{:?}", r.text().await);
+        r.json().await.unwrap()
+    }
+}
+
+async fn expect_error(r: reqwest::Response, status: u16, code: &str) -> String {
+    assert_eq!(r.status().as_u16(), status);
+    let body: ErrorBody = r.json().await.expect("error body is an ErrorBody");
+    assert_eq!(body.error.code, code, "{}", body.error.message);
+    assert!(!body.error.message.is_empty());
+    body.error.message
+}
+
+async fn start(cfg: EdgeConfig) -> (Edge, Api, tokio::task::JoinHandle<()>) {
+    let edge = Edge::start(cfg).await.expect("edge starts");
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let router = edge.router();
+    let server = tokio::spawn(async move {
+        axum::serve(listener, router).await.unwrap();
+    });
+    let api = Api {
+        http: reqwest::Client::new(),
+        base: format!("http://{addr}"),
+        token: edge.token().to_string(),
+    };
+    (edge, api, server)
+}
+
+async fn wait_for<F: Fn() -> bool>(what: &str, f: F) {
+    for _ in 0..200 {
+        if f() {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    panic!("timed out waiting for {what}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn edge_http_end_to_end() {
+    if let Some(why) = skip_reason() {
+        eprintln!("SKIPPED edge_http_end_to_end: {why}");
+        return;
+    }
+    let tmp = tempfile::tempdir().unwrap();
+    let node = format!("e{}", std::process::id() % 1_000_000);
+    let _cleanup = Cleanup {
+        node: node.clone(),
+        data: tmp.path().to_path_buf(),
+    };
+    let cfg = EdgeConfig {
+        node_id: node.clone(),
+        data_dir: tmp.path().to_path_buf(),
+        ..Default::default()
+    };
+    let (edge, api, server) = start(cfg.clone()).await;
+
+    // --- open routes, auth ---
+    let r = api.http.get(api.url("/healthz")).send().await.unwrap();
+    assert_eq!(r.status(), 200);
+    let r = api
+        .http
+        .get(api.url("/edge/v1/status"))
+        .send()
+        .await
+        .unwrap();
+    let msg = expect_error(r, 401, "unauthorized").await;
+    assert!(msg.contains("Authorization"), "{msg}");
+    let r = api
+        .http
+        .get(api.url("/edge/v1/status"))
+        .bearer_auth("wrong-token-wrong-token")
+        .send()
+        .await
+        .unwrap();
+    expect_error(r, 401, "unauthorized").await;
+    let status: NodeStatus = api
+        .get("/edge/v1/status")
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(status.node, node);
+    assert!(
+        status.images.iter().any(|i| i.starts_with("busybox")),
+        "{:?}",
+        status.images
+    );
+
+    // --- create errors ---
+    let r = api
+        .post("/edge/v1/sandboxes")
+        .json(&json!({"image": "no-such-image"}))
+        .send()
+        .await
+        .unwrap();
+    let msg = expect_error(r, 404, "image_not_found").await;
+    assert!(
+        msg.contains("no-such-image") && msg.contains("import"),
+        "{msg}"
+    );
+    let r = api
+        .post("/edge/v1/sandboxes")
+        .header("content-type", "application/json")
+        .body("{\"image\": \"busybox\",")
+        .send()
+        .await
+        .unwrap();
+    let msg = expect_error(r, 400, "bad_request").await;
+    assert!(msg.contains("line") || msg.contains("EOF"), "{msg}");
+    let r = api
+        .post("/edge/v1/sandboxes")
+        .json(&json!({"image": "busybox", "memroy": 1}))
+        .send()
+        .await
+        .unwrap();
+    let msg = expect_error(r, 400, "bad_request").await;
+    assert!(msg.contains("memroy"), "{msg}");
+    let r = api
+        .post("/edge/v1/sandboxes")
+        .json(&json!({"image": "busybox", "substrate": "microvm"}))
+        .send()
+        .await
+        .unwrap();
+    expect_error(r, 501, "unsupported").await;
+    let r = api
+        .post("/edge/v1/sandboxes")
+        .json(&json!({"image": "busybox", "memory_limit_mb": 1u64 << 40}))
+        .send()
+        .await
+        .unwrap();
+    let msg = expect_error(r, 400, "bad_request").await;
+    assert!(msg.contains("memory_limit_mb"), "{msg}");
+
+    // --- create ---
+    let r = api
+        .post("/edge/v1/sandboxes")
+        .json(&json!({"image": "busybox", "memory_limit_mb": 256, "cpu_cores_limit": 0.5, "labels": {"job": "t"},
+                      "ttl_running_stop": 300, "network_rules": {"pypi": true}}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 201, "{:?}", r.text().await);
+    let info: SandboxInfo = r.json().await.unwrap();
+    assert_eq!(info.state, SandboxState::Running);
+    assert_eq!(dsec_wire::id::node_of(&info.id), Some(node.as_str()));
+    assert!(info.create_ms.unwrap() > 0.0);
+    assert_eq!(info.ttl_running_stop, Some(300));
+    let id = info.id.clone();
+    let sb_dir = tmp.path().join("edge/sandboxes").join(&id);
+    assert!(sb_dir.join("record.json").is_file());
+    let got: SandboxInfo = api
+        .get(&format!("/edge/v1/sandboxes/{id}"))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(got.labels.get("job").map(String::as_str), Some("t"));
+
+    // --- shell ---
+    let res = api
+        .shell(
+            &id,
+            json!({"cmd": "echo hello; echo err >&2; cd /tmp; exit 3"}),
+        )
+        .await;
+    assert_eq!(res.exit_code, 3);
+    assert_eq!(res.stdout, "hello\n");
+    assert_eq!(res.stderr, "err\n");
+    let res = api.shell(&id, json!({"cmd": "pwd"})).await;
+    assert_eq!(res.stdout, "/tmp\n", "the session keeps its cwd");
+    let res = api
+        .shell(&id, json!({"cmd": "printf '\\377\\376ok'"}))
+        .await;
+    assert_eq!(
+        res.stdout_b64.as_deref(),
+        Some(
+            base64::engine::general_purpose::STANDARD
+                .encode(b"\xff\xfeok")
+                .as_str()
+        )
+    );
+    assert!(res.stdout.ends_with("ok"));
+    assert!(res.stdout_b64.is_some() && res.stderr_b64.is_none());
+
+    // --- exec ---
+    let r = api
+        .post(&format!("/edge/v1/sandboxes/{id}/exec"))
+        .json(&json!({"argv": ["cat"], "stdin_b64": base64::engine::general_purpose::STANDARD.encode(b"from stdin")}))
+        .send()
+        .await
+        .unwrap();
+    let res: CommandResult = r.json().await.unwrap();
+    assert_eq!(res.stdout, "from stdin");
+    let r = api
+        .post(&format!("/edge/v1/sandboxes/{id}/exec"))
+        .json(&json!({"argv": []}))
+        .send()
+        .await
+        .unwrap();
+    expect_error(r, 400, "bad_request").await;
+
+    // --- size limits ---
+    let big = "x".repeat(1024 * 1024);
+    let r = api
+        .post(&format!("/edge/v1/sandboxes/{id}/shell"))
+        .json(&json!({"cmd": big}))
+        .send()
+        .await
+        .unwrap();
+    let msg = expect_error(r, 413, "payload_too_large").await;
+    assert!(
+        msg.contains(&dsec_wire::api::limits::MAX_JSON_BODY.to_string()),
+        "{msg}"
+    );
+    let r = api
+        .post(&format!("/edge/v1/sandboxes/{id}/shell"))
+        .json(&json!({"cmd": "x".repeat(300 * 1024)}))
+        .send()
+        .await
+        .unwrap();
+    let msg = expect_error(r, 413, "payload_too_large").await;
+    assert!(
+        msg.contains(&dsec_wire::api::limits::MAX_CMD_BYTES.to_string()),
+        "{msg}"
+    );
+
+    // --- streaming ---
+    let r = api
+        .post(&format!("/edge/v1/sandboxes/{id}/shell"))
+        .json(&json!({"cmd": "echo a; sleep 0.2; echo b >&2; exit 4", "stream": true}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    let text = r.text().await.unwrap();
+    let events: Vec<StreamEvent> = text
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert!(
+        matches!(&events[0], StreamEvent::Stdout { data, .. } if data == "a\n"),
+        "{text}"
+    );
+    assert!(
+        events
+            .iter()
+            .any(|e| matches!(e, StreamEvent::Stderr { data, .. } if data == "b\n")),
+        "{text}"
+    );
+    assert!(
+        matches!(events.last(), Some(StreamEvent::Exit { result }) if result.exit_code == 4),
+        "{text}"
+    );
+
+    // A client that goes away mid-stream cancels the command.
+    let mut r = api
+        .post(&format!("/edge/v1/sandboxes/{id}/shell"))
+        .json(&json!({"cmd": "echo started; sleep 977", "stream": true, "session": "s2"}))
+        .send()
+        .await
+        .unwrap();
+    let first = r.chunk().await.unwrap().unwrap();
+    assert!(String::from_utf8_lossy(&first).contains("started"));
+    let probe = json!({"cmd": "ps -o args | grep -c '^sleep 977' || true", "session": "probe"});
+    assert_eq!(
+        api.shell(&id, probe.clone()).await.stdout.trim(),
+        "1",
+        "the command runs"
+    );
+    drop(r);
+    let mut gone = false;
+    for _ in 0..100 {
+        if api.shell(&id, probe.clone()).await.stdout.trim() == "0" {
+            gone = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(
+        gone,
+        "the streamed command was not cancelled after the client disconnected"
+    );
+
+    // --- sessions ---
+    let r = api
+        .delete(&format!("/edge/v1/sandboxes/{id}/sessions/s2"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 204);
+
+    // --- files ---
+    let data: Vec<u8> = (0..(700 * 1024u32)).map(|i| (i % 251) as u8).collect();
+    let r = api
+        .put(&format!(
+            "/edge/v1/sandboxes/{id}/files?path=/work/sub/blob.bin&mode=0640"
+        ))
+        .body(data.clone())
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200, "{:?}", r.text().await);
+    let fi: FileInfo = r.json().await.unwrap();
+    assert_eq!(fi.size, data.len() as u64);
+    assert_eq!(fi.mode, 0o640);
+    let r = api
+        .get(&format!(
+            "/edge/v1/sandboxes/{id}/files?path=/work/sub/blob.bin"
+        ))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    assert_eq!(r.headers().get("x-dsec-mode").unwrap(), "0640");
+    assert_eq!(
+        r.headers().get("content-length").unwrap(),
+        &data.len().to_string()
+    );
+    let back = r.bytes().await.unwrap();
+    assert!(back[..] == data[..], "file round trip differs");
+    let st: FileInfo = api
+        .get(&format!(
+            "/edge/v1/sandboxes/{id}/files/stat?path=/work/sub/blob.bin"
+        ))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(st.size, data.len() as u64);
+    let ls: FileList = api
+        .get(&format!(
+            "/edge/v1/sandboxes/{id}/files/list?path=/work/sub"
+        ))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert!(ls.entries.iter().any(|e| e.name == "blob.bin"));
+    let r = api
+        .post(&format!(
+            "/edge/v1/sandboxes/{id}/files/mkdir?path=/work/a/b&parents=true"
+        ))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200, "{:?}", r.text().await);
+    let r = api
+        .delete(&format!(
+            "/edge/v1/sandboxes/{id}/files?path=/work/sub/blob.bin"
+        ))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 204);
+    let r = api
+        .get(&format!(
+            "/edge/v1/sandboxes/{id}/files?path=/work/sub/blob.bin"
+        ))
+        .send()
+        .await
+        .unwrap();
+    expect_error(r, 404, "file_not_found").await;
+    let r = api
+        .get(&format!("/edge/v1/sandboxes/{id}/files?path=relative"))
+        .send()
+        .await
+        .unwrap();
+    expect_error(r, 400, "bad_request").await;
+    let res = api.shell(&id, json!({"cmd": "ls /work/a"})).await;
+    assert_eq!(res.stdout, "b\n");
+
+    // --- tty ---
+    {
+        use tokio_tungstenite::tungstenite::client::IntoClientRequest as _;
+        use tokio_tungstenite::tungstenite::Message;
+        let mut req = format!(
+            "{}/edge/v1/sandboxes/{id}/tty?rows=30&cols=100",
+            api.base.replace("http", "ws")
+        )
+        .into_client_request()
+        .unwrap();
+        req.headers_mut().insert(
+            "authorization",
+            format!("Bearer {}", api.token).parse().unwrap(),
+        );
+        let (mut ws, _) = tokio_tungstenite::connect_async(req)
+            .await
+            .expect("tty websocket");
+        ws.send(Message::Text(
+            r#"{"type":"resize","rows":40,"cols":120}"#.into(),
+        ))
+        .await
+        .unwrap();
+        ws.send(Message::Binary(
+            b"echo tty-$((40+2)); stty size; exit 7\n".to_vec().into(),
+        ))
+        .await
+        .unwrap();
+        let mut out = Vec::new();
+        let mut exit = None;
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+        while tokio::time::Instant::now() < deadline {
+            match tokio::time::timeout(Duration::from_secs(10), ws.next()).await {
+                Ok(Some(Ok(Message::Binary(b)))) => out.extend_from_slice(&b),
+                Ok(Some(Ok(Message::Text(t)))) => {
+                    exit = Some(t.to_string());
+                }
+                Ok(Some(Ok(Message::Close(_)))) | Ok(None) => break,
+                Ok(Some(Ok(_))) => {}
+                Ok(Some(Err(e))) => panic!("tty websocket error: {e}"),
+                Err(_) => break,
+            }
+        }
+        let out = String::from_utf8_lossy(&out);
+        assert!(out.contains("tty-42"), "tty output: {out}");
+        assert!(out.contains("40 120"), "resize reached the terminal: {out}");
+        let exit = exit.expect("an exit control frame");
+        assert!(exit.contains("\"exit\"") && exit.contains('7'), "{exit}");
+    }
+
+    // --- unknown sandboxes ---
+    let unknown = dsec_wire::id::make_sandbox_id(&node, 1);
+    let r = api
+        .get(&format!("/edge/v1/sandboxes/{unknown}"))
+        .send()
+        .await
+        .unwrap();
+    expect_error(r, 404, "sandbox_not_found").await;
+    let r = api
+        .post("/edge/v1/sandboxes/not-an-id/shell")
+        .json(&json!({"cmd": "true"}))
+        .send()
+        .await
+        .unwrap();
+    expect_error(r, 404, "sandbox_not_found").await;
+
+    // --- stop ---
+    let cgroups_of = |id: &str| -> Vec<PathBuf> {
+        cgroup_dirs(&node)
+            .into_iter()
+            .map(|d| d.join(id))
+            .filter(|p| p.exists())
+            .collect()
+    };
+    assert!(!cgroups_of(&id).is_empty(), "a running sandbox has cgroups");
+    assert!(
+        Path::new(&format!("/sys/fs/cgroup/memory/dsec/{node}/{id}")).exists()
+            || !Path::new("/sys/fs/cgroup/memory").exists()
+    );
+    let r = api
+        .delete(&format!("/edge/v1/sandboxes/{id}"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    let stopped: SandboxInfo = r.json().await.unwrap();
+    assert_eq!(stopped.state, SandboxState::Stopped);
+    assert!(!sb_dir.exists(), "sandbox dir removed");
+    assert!(
+        cgroups_of(&id).is_empty(),
+        "cgroups removed: {:?}",
+        cgroups_of(&id)
+    );
+    assert!(mounts_under(&sb_dir).is_empty());
+    let again: SandboxInfo = api
+        .get(&format!("/edge/v1/sandboxes/{id}"))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(again.state, SandboxState::Stopped);
+    let r = api
+        .post(&format!("/edge/v1/sandboxes/{id}/shell"))
+        .json(&json!({"cmd": "true"}))
+        .send()
+        .await
+        .unwrap();
+    expect_error(r, 410, "sandbox_dead").await;
+
+    // --- a sandbox killed from outside is cleaned up and reported failed ---
+    let r = api
+        .post("/edge/v1/sandboxes")
+        .json(&json!({"image": "busybox", "memory_limit_mb": 64}))
+        .send()
+        .await
+        .unwrap();
+    let victim: SandboxInfo = r.json().await.unwrap();
+    let vdir = tmp.path().join("edge/sandboxes").join(&victim.id);
+    let rec: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(vdir.join("record.json")).unwrap()).unwrap();
+    let pid = rec["pid"].as_i64().unwrap() as i32;
+    assert!(pid > 1);
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(pid),
+        nix::sys::signal::Signal::SIGKILL,
+    )
+    .unwrap();
+    wait_for("the dead sandbox's dir to go", || !vdir.exists()).await;
+    let mut dead = None;
+    for _ in 0..100 {
+        let i: SandboxInfo = api
+            .get(&format!("/edge/v1/sandboxes/{}", victim.id))
+            .send()
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap();
+        if i.state == SandboxState::Failed {
+            dead = Some(i);
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let dead = dead.expect("killed sandbox reported failed");
+    assert!(dead.reason.unwrap().contains("unexpectedly"));
+    assert!(cgroups_of(&victim.id).is_empty());
+
+    // --- metrics ---
+    let text = api
+        .http
+        .get(api.url("/metrics"))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(text.contains("dsec_edge_sandboxes_created_total"), "{text}");
+    assert!(text.contains("dsec_edge_http_requests_total"), "{text}");
+    assert!(
+        text.contains("dsec_edge_sandboxes_failed_total{node=\"") && text.contains("} 1"),
+        "{text}"
+    );
+
+    // --- shutdown stops everything and unmounts layers ---
+    let r = api
+        .post("/edge/v1/sandboxes")
+        .json(&json!({"image": "busybox", "memory_limit_mb": 64}))
+        .send()
+        .await
+        .unwrap();
+    let last: SandboxInfo = r.json().await.unwrap();
+    assert!(
+        !mounts_under(tmp.path()).is_empty(),
+        "image layers are mounted"
+    );
+    edge.shutdown().await;
+    server.abort();
+    assert!(!tmp.path().join("edge/sandboxes").join(&last.id).exists());
+    assert!(cgroups_of(&last.id).is_empty());
+    assert!(
+        mounts_under(tmp.path()).is_empty(),
+        "mounts left: {:?}",
+        mounts_under(tmp.path())
+    );
+    drop(edge);
+
+    // --- restart over leftovers of a "crashed" run: reaped, not re-adopted ---
+    let ghost = dsec_wire::id::make_sandbox_id(&node, 0xdead);
+    let gdir = tmp.path().join("edge/sandboxes").join(&ghost);
+    std::fs::create_dir_all(gdir.join("upper/etc")).unwrap();
+    let mut rec = rec.clone();
+    rec["info"]["id"] = json!(ghost);
+    rec["pid"] = json!(0);
+    std::fs::write(gdir.join("record.json"), serde_json::to_vec(&rec).unwrap()).unwrap();
+    let (edge2, api2, server2) = start(cfg).await;
+    assert_eq!(edge2.reaped(), &[ghost.clone()]);
+    assert!(!gdir.exists());
+    assert_eq!(edge2.token(), api.token, "the generated token is kept");
+    let r = api2
+        .get(&format!("/edge/v1/sandboxes/{ghost}"))
+        .send()
+        .await
+        .unwrap();
+    expect_error(r, 404, "sandbox_not_found").await;
+    edge2.shutdown().await;
+    server2.abort();
+    assert!(mounts_under(tmp.path()).is_empty());
+}
