@@ -692,7 +692,7 @@ async fn edge_http_end_to_end() {
     rec["pid"] = json!(0);
     std::fs::write(gdir.join("record.json"), serde_json::to_vec(&rec).unwrap()).unwrap();
     let (edge2, api2, server2) = start(cfg).await;
-    assert_eq!(edge2.reaped(), &[ghost.clone()]);
+    assert_eq!(edge2.reaped(), std::slice::from_ref(&ghost));
     assert!(!gdir.exists());
     assert_eq!(edge2.token(), api.token, "the generated token is kept");
     let r = api2
