@@ -97,7 +97,9 @@ pub fn wrapper_line(bash: bool, nonce: &str, cmd_file: &Path, in_file: Option<&P
     for (k, v) in env {
         line.push_str(&format!("{k}={} ", sh_quote(v)));
     }
-    let dot = if bash { r"\builtin ." } else { "." };
+    // `\.` is not alias-expanded; unlike `builtin .` it keeps `K=V` prefixes visible as
+    // variables inside the sourced command.
+    let dot = r"\.";
     let input = in_file.map_or_else(|| "/dev/null".to_string(), |p| sh_quote(&p.to_string_lossy()));
     line.push_str(&format!("{dot} {} < {input}; ", sh_quote(&cmd_file.to_string_lossy())));
     line.push_str("__dsec_rc=$?; ");
@@ -325,7 +327,7 @@ mod tests {
         let l = wrapper_line(true, "abc", Path::new("/r/c.abc"), None, Some("/tmp"), &env);
         assert_eq!(
             l,
-            "\\builtin cd -- '/tmp' && X='1 2' \\builtin . '/r/c.abc' < /dev/null; __dsec_rc=$?; \\builtin printf '\\036DSEC%s:%d\\n' abc \"$__dsec_rc\"; \\builtin printf '\\036DSEC%s:%d\\n' abc \"$__dsec_rc\" >&2\n"
+            "\\builtin cd -- '/tmp' && X='1 2' \\. '/r/c.abc' < /dev/null; __dsec_rc=$?; \\builtin printf '\\036DSEC%s:%d\\n' abc \"$__dsec_rc\"; \\builtin printf '\\036DSEC%s:%d\\n' abc \"$__dsec_rc\" >&2\n"
         );
         // The marker bytes themselves never appear in the line (so `set -v` cannot fake them).
         assert!(!l.contains('\x1e'));

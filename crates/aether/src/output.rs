@@ -97,11 +97,28 @@ impl MarkerScanner {
     }
 }
 
+/// First occurrence of `needle` in `hay`. Candidates are located with libc's memchr (this runs
+/// over every byte a command prints, up to gigabytes).
 fn find(hay: &[u8], needle: &[u8]) -> Option<usize> {
-    if needle.is_empty() || hay.len() < needle.len() {
-        return None;
+    let (&first, _) = needle.split_first()?;
+    let mut from = 0;
+    while hay.len() - from >= needle.len() {
+        let rest = &hay[from..];
+        // SAFETY: memchr reads at most `rest.len()` bytes from a valid slice.
+        let p = unsafe { libc::memchr(rest.as_ptr().cast(), first as libc::c_int, rest.len()) };
+        if p.is_null() {
+            return None;
+        }
+        let i = from + (p as usize - rest.as_ptr() as usize);
+        if hay.len() - i < needle.len() {
+            return None;
+        }
+        if &hay[i..i + needle.len()] == needle {
+            return Some(i);
+        }
+        from = i + 1;
     }
-    hay.windows(needle.len()).position(|w| w == needle)
+    None
 }
 
 #[cfg(test)]

@@ -206,6 +206,15 @@ impl Server {
                 chronus::close(self, &session);
                 self.w.send(id, Reply::Done, &[]);
             }
+            Request::TtyOpen { rows, cols, cmd, env } => {
+                let Some(slave) = tty::prepare(self, id, rows, cols) else { return };
+                let srv = self.clone();
+                let spawned = std::thread::Builder::new().stack_size(THREAD_STACK).spawn(move || tty::open(&srv, id, slave, cmd, env));
+                if let Err(e) = spawned {
+                    lock(&self.ttys).remove(&id);
+                    self.w.error(id, AetherErrorKind::Internal, format!("start a thread for request {id}: {e}"));
+                }
+            }
             Request::Shutdown => {
                 self.kill_everything();
                 self.w.send(id, Reply::Done, &[]);
@@ -237,7 +246,6 @@ impl Server {
             Request::Stat { path } => files::stat(self, id, &path),
             Request::Remove { path, recursive } => files::remove(self, id, &path, recursive),
             Request::Mkdir { path, mode, parents } => files::mkdir(self, id, &path, mode, parents),
-            Request::TtyOpen { rows, cols, cmd, env } => tty::open(self, id, rows, cols, cmd, env),
             _ => {
                 self.w.error(id, AetherErrorKind::BadRequest, "unexpected request");
             }

@@ -85,36 +85,22 @@ fn spawn_shell(srv: &Server, slave: &OwnedFd, cmd: Option<Vec<String>>, env: &BT
     sys::spawn(&srv.reaper, &spec).map_err(|e| format!("start {path}: {e}"))
 }
 
-pub fn open(srv: &Server, id: u64, rows: u16, cols: u16, cmd: Option<Vec<String>>, env: BTreeMap<String, String>) {
+/// Opens the pty and registers it, on the reader thread, so that `TtyInput`/`TtyResize` sent
+/// right after `TtyOpen` find it. Returns the slave end for [`open`].
+pub fn prepare(srv: &Server, id: u64, rows: u16, cols: u16) -> Option<OwnedFd> {
     let (master, slave) = match sys::openpty(rows.max(1), cols.max(1)) {
         Ok(p) => p,
         Err(e) => {
             srv.w.error(id, AetherErrorKind::Internal, format!("open a pty: {e}"));
-            return;
+            return None;
         }
     };
-    let guard = match srv.cancellable(id) {
-        Ok(g) => g,
-        Err(e) => {
-            srv.w.error(id, AetherErrorKind::Internal, format!("tty: eventfd: {e}"));
-            return;
-        }
-    };
-    let pid = match spawn_shell(srv, &slave, cmd, &env) {
-        Ok(pid) => pid,
-        Err(msg) => {
-            srv.w.error(id, AetherErrorKind::BadRequest, format!("tty: {msg}"));
-            return;
-        }
-    };
-    drop(slave);
     let (tx, rx) = mpsc::channel::<Vec<u8>>();
     let writer_fd = match master.try_clone() {
         Ok(fd) => fd,
         Err(e) => {
-            procs::kill_session(pid);
             srv.w.error(id, AetherErrorKind::Internal, format!("tty: dup master: {e}"));
-            return;
+            return None;
         }
     };
     let spawned = std::thread::Builder::new().name("tty-in".into()).stack_size(64 * 1024).spawn(move || {
@@ -125,12 +111,33 @@ pub fn open(srv: &Server, id: u64, rows: u16, cols: u16, cmd: Option<Vec<String>
         }
     });
     if let Err(e) = spawned {
-        procs::kill_session(pid);
         srv.w.error(id, AetherErrorKind::Internal, format!("tty: input thread: {e}"));
-        return;
+        return None;
     }
-    let tty = Arc::new(Tty { master, input: Mutex::new(tx) });
-    lock(&srv.ttys).insert(id, tty.clone());
+    lock(&srv.ttys).insert(id, Arc::new(Tty { master, input: Mutex::new(tx) }));
+    Some(slave)
+}
+
+/// Starts the shell on the prepared pty and relays its output until it exits.
+pub fn open(srv: &Server, id: u64, slave: OwnedFd, cmd: Option<Vec<String>>, env: BTreeMap<String, String>) {
+    let Some(tty) = lock(&srv.ttys).get(&id).cloned() else { return };
+    let guard = match srv.cancellable(id) {
+        Ok(g) => g,
+        Err(e) => {
+            lock(&srv.ttys).remove(&id);
+            srv.w.error(id, AetherErrorKind::Internal, format!("tty: eventfd: {e}"));
+            return;
+        }
+    };
+    let pid = match spawn_shell(srv, &slave, cmd, &env) {
+        Ok(pid) => pid,
+        Err(msg) => {
+            lock(&srv.ttys).remove(&id);
+            srv.w.error(id, AetherErrorKind::BadRequest, format!("tty: {msg}"));
+            return;
+        }
+    };
+    drop(slave);
     let mfd = tty.master.as_raw_fd();
     let pidfd = sys::pidfd_open(pid).ok();
     let mut buf = vec![0u8; CHUNK.min(64 * 1024)];
