@@ -23,6 +23,8 @@ const EDGE_TOKEN: &str = "edge-secret";
 const NODE: &str = "n7";
 const ID: &str = "sb-n7-00000000000000aa";
 
+type ChunkRx = futures::channel::mpsc::Receiver<Result<Bytes, std::io::Error>>;
+
 #[derive(Clone, Default)]
 struct Fake {
     /// Authorization headers the fake edge saw.
@@ -30,7 +32,7 @@ struct Fake {
     /// Signals the first uploaded chunk.
     first_chunk: Arc<Mutex<Option<tokio::sync::oneshot::Sender<()>>>>,
     /// Feeds the download body.
-    download: Arc<Mutex<Option<futures::channel::mpsc::Receiver<Result<Bytes, std::io::Error>>>>>,
+    download: Arc<Mutex<Option<ChunkRx>>>,
     /// Paths requested.
     paths: Arc<Mutex<Vec<String>>>,
 }
