@@ -80,10 +80,12 @@ async fn edge_auth(State(f): State<Fake>, req: Request, next: axum::middleware::
         .unwrap_or("")
         .to_string();
     f.auths.lock().unwrap().push(auth.clone());
-    f.paths
-        .lock()
-        .unwrap()
-        .push(req.uri().path_and_query().map(|p| p.to_string()).unwrap_or_default());
+    f.paths.lock().unwrap().push(
+        req.uri()
+            .path_and_query()
+            .map(|p| p.to_string())
+            .unwrap_or_default(),
+    );
     if auth != format!("Bearer {EDGE_TOKEN}") {
         return edge_err(StatusCode::UNAUTHORIZED, "unauthorized", "bad edge token");
     }
@@ -124,7 +126,11 @@ fn fake_edge(f: Fake) -> Router {
                 if id == ID {
                     Json(info(&id)).into_response()
                 } else {
-                    edge_err(StatusCode::NOT_FOUND, "sandbox_not_found", "the edge's own words")
+                    edge_err(
+                        StatusCode::NOT_FOUND,
+                        "sandbox_not_found",
+                        "the edge's own words",
+                    )
                 }
             }),
         )
@@ -141,44 +147,46 @@ fn fake_edge(f: Fake) -> Router {
         )
         .route(
             "/edge/v1/sandboxes/{id}/files",
-            any(|State(f): State<Fake>, headers: HeaderMap, req: Request| async move {
-                if req.method() == axum::http::Method::PUT {
-                    let declared = headers
-                        .get("content-length")
-                        .and_then(|v| v.to_str().ok())
-                        .map(|s| s.to_string());
-                    let mut stream = req.into_body().into_data_stream();
-                    let mut n = 0u64;
-                    while let Some(chunk) = stream.next().await {
-                        let chunk = chunk.unwrap();
-                        if n == 0 && !chunk.is_empty() {
-                            if let Some(tx) = f.first_chunk.lock().unwrap().take() {
-                                let _ = tx.send(());
+            any(
+                |State(f): State<Fake>, headers: HeaderMap, req: Request| async move {
+                    if req.method() == axum::http::Method::PUT {
+                        let declared = headers
+                            .get("content-length")
+                            .and_then(|v| v.to_str().ok())
+                            .map(|s| s.to_string());
+                        let mut stream = req.into_body().into_data_stream();
+                        let mut n = 0u64;
+                        while let Some(chunk) = stream.next().await {
+                            let chunk = chunk.unwrap();
+                            if n == 0 && !chunk.is_empty() {
+                                if let Some(tx) = f.first_chunk.lock().unwrap().take() {
+                                    let _ = tx.send(());
+                                }
                             }
+                            n += chunk.len() as u64;
                         }
-                        n += chunk.len() as u64;
+                        Json(FileInfo {
+                            path: declared.unwrap_or_default(),
+                            name: "f".into(),
+                            kind: FileKind::File,
+                            size: n,
+                            mode: 0o644,
+                            uid: 0,
+                            gid: 0,
+                            mtime: 0,
+                            link_target: None,
+                        })
+                        .into_response()
+                    } else {
+                        let rx = f.download.lock().unwrap().take().unwrap();
+                        Response::builder()
+                            .header("x-dsec-mode", "0755")
+                            .header("content-type", "application/octet-stream")
+                            .body(Body::from_stream(rx))
+                            .unwrap()
                     }
-                    Json(FileInfo {
-                        path: declared.unwrap_or_default(),
-                        name: "f".into(),
-                        kind: FileKind::File,
-                        size: n,
-                        mode: 0o644,
-                        uid: 0,
-                        gid: 0,
-                        mtime: 0,
-                        link_target: None,
-                    })
-                    .into_response()
-                } else {
-                    let rx = f.download.lock().unwrap().take().unwrap();
-                    Response::builder()
-                        .header("x-dsec-mode", "0755")
-                        .header("content-type", "application/octet-stream")
-                        .body(Body::from_stream(rx))
-                        .unwrap()
-                }
-            }),
+                },
+            ),
         )
         .route(
             "/edge/v1/sandboxes/{id}/tty",
@@ -298,8 +306,22 @@ async fn auth_routing_and_errors() {
         assert_eq!(st, 401);
     }
     // Unauthenticated routes.
-    assert_eq!(http.get(format!("{url}/healthz")).send().await.unwrap().status(), 200);
-    let m = http.get(format!("{url}/metrics")).send().await.unwrap().text().await.unwrap();
+    assert_eq!(
+        http.get(format!("{url}/healthz"))
+            .send()
+            .await
+            .unwrap()
+            .status(),
+        200
+    );
+    let m = http
+        .get(format!("{url}/metrics"))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
     assert!(m.contains("dsec_api_requests_total"), "{m}");
 
     let c = dsec_client::Client::new(&url, &s.key).unwrap();
@@ -316,8 +338,15 @@ async fn auth_routing_and_errors() {
     // Edge ErrorBody passes through unchanged.
     let e = c.get("sb-n7-00000000000000cc").await.unwrap_err();
     match e {
-        dsec_client::ClientError::Api { status, code, message } => {
-            assert_eq!((status, code.as_str(), message.as_str()), (404, "sandbox_not_found", "the edge's own words"));
+        dsec_client::ClientError::Api {
+            status,
+            code,
+            message,
+        } => {
+            assert_eq!(
+                (status, code.as_str(), message.as_str()),
+                (404, "sandbox_not_found", "the edge's own words")
+            );
         }
         other => panic!("{other:?}"),
     }
@@ -337,9 +366,19 @@ async fn auth_routing_and_errors() {
     for id in ["sb-n5-00000000000000aa", "sb-n9-00000000000000aa"] {
         let e = c.get(id).await.unwrap_err();
         assert_eq!(e.code(), Some("node_unavailable"), "{id}: {e}");
-        if let dsec_client::ClientError::Api { status, message, .. } = e {
+        if let dsec_client::ClientError::Api {
+            status, message, ..
+        } = e
+        {
             assert_eq!(status, 503);
-            assert!(message.contains(if id.contains("n9") { "unreachable" } else { "n5" }), "{message}");
+            assert!(
+                message.contains(if id.contains("n9") {
+                    "unreachable"
+                } else {
+                    "n5"
+                }),
+                "{message}"
+            );
         }
     }
     // Create goes to the healthy edge; the list merges (the dead edge is flagged).
@@ -392,10 +431,13 @@ async fn auth_routing_and_errors() {
     assert_eq!((st, e.code.as_str()), (413, "payload_too_large"));
     // A normal shell call.
     let r = c
-        .run_shell(ID, &RunShellRequest {
-            cmd: "echo hi".into(),
-            ..Default::default()
-        })
+        .run_shell(
+            ID,
+            &RunShellRequest {
+                cmd: "echo hi".into(),
+                ..Default::default()
+            },
+        )
         .await
         .unwrap();
     assert_eq!(r.stdout, "ran echo hi");
@@ -431,7 +473,8 @@ async fn bodies_stream_without_buffering() {
     // Upload: the edge must see the first chunk while the client still holds the rest.
     let (first_tx, first_rx) = tokio::sync::oneshot::channel();
     *s.fake.first_chunk.lock().unwrap() = Some(first_tx);
-    let (mut body_tx, body_rx) = futures::channel::mpsc::channel::<Result<Bytes, std::io::Error>>(1);
+    let (mut body_tx, body_rx) =
+        futures::channel::mpsc::channel::<Result<Bytes, std::io::Error>>(1);
     const CHUNK: usize = 1 << 20;
     const CHUNKS: usize = 64; // 64 MiB in total
     let upload = tokio::spawn({
@@ -448,25 +491,38 @@ async fn bodies_stream_without_buffering() {
                 .unwrap()
         }
     });
-    body_tx.send(Ok(Bytes::from(vec![7u8; CHUNK]))).await.unwrap();
+    body_tx
+        .send(Ok(Bytes::from(vec![7u8; CHUNK])))
+        .await
+        .unwrap();
     tokio::time::timeout(Duration::from_secs(10), first_rx)
         .await
         .expect("edge saw the first chunk before the upload finished (no buffering)")
         .unwrap();
     for _ in 1..CHUNKS {
-        body_tx.send(Ok(Bytes::from(vec![7u8; CHUNK]))).await.unwrap();
+        body_tx
+            .send(Ok(Bytes::from(vec![7u8; CHUNK])))
+            .await
+            .unwrap();
     }
     drop(body_tx);
     let resp = upload.await.unwrap();
     assert_eq!(resp.status(), 200);
     let fi: FileInfo = resp.json().await.unwrap();
     assert_eq!(fi.size, (CHUNK * CHUNKS) as u64);
-    assert_eq!(fi.path, (CHUNK * CHUNKS).to_string(), "content-length passed on");
+    assert_eq!(
+        fi.path,
+        (CHUNK * CHUNKS).to_string(),
+        "content-length passed on"
+    );
 
     // Download: the client gets the first chunk while the edge still holds the rest.
     let (mut down_tx, down_rx) = futures::channel::mpsc::channel(1);
     *s.fake.download.lock().unwrap() = Some(down_rx);
-    down_tx.send(Ok(Bytes::from_static(b"first"))).await.unwrap();
+    down_tx
+        .send(Ok(Bytes::from_static(b"first")))
+        .await
+        .unwrap();
     let resp = http
         .get(format!("{url}/v1/sandboxes/{ID}/files?path=/big"))
         .bearer_auth(&s.key)
@@ -482,12 +538,12 @@ async fn bodies_stream_without_buffering() {
         .unwrap()
         .unwrap();
     assert_eq!(&first[..], b"first");
-    down_tx.send(Ok(Bytes::from_static(b"second"))).await.unwrap();
+    down_tx
+        .send(Ok(Bytes::from_static(b"second")))
+        .await
+        .unwrap();
     drop(down_tx);
-    let rest: Vec<u8> = stream
-        .map(|c| c.unwrap().to_vec())
-        .concat()
-        .await;
+    let rest: Vec<u8> = stream.map(|c| c.unwrap().to_vec()).concat().await;
     assert_eq!(&rest[..], b"second");
     // Query strings reach the edge unchanged.
     assert!(s
