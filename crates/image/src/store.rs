@@ -447,34 +447,65 @@ impl ImageStore {
     async fn unpack_into<R>(
         &self,
         name: &str,
-        reader: R,
+        mut reader: R,
         work: &Path,
         root: &Path,
     ) -> Result<(), ImageError>
     where
         R: tokio::io::AsyncRead + Send + Unpin + 'static,
     {
+        use tokio::io::AsyncReadExt;
+
         fs::create_dir(work)?;
         fs::create_dir(root)?;
-        // If this future is dropped, the blocking unpack notices at its next read, stops, and
-        // removes what it wrote (the TempPath guard may have run before it finished).
+        // The async reader is pumped by this future into a channel that the blocking unpack
+        // reads. If this future is dropped, the pump (and the reader) go with it, the unpack
+        // sees the end of its input plus the cancel flag, stops, and removes what it wrote
+        // (the TempPath guard may have run before it finished).
         let cancelled = Arc::new(AtomicBool::new(false));
         let _cancel_on_drop = CancelOnDrop(cancelled.clone());
-        let reader = CancellableReader {
-            inner: tokio_util::io::SyncIoBridge::new(reader),
+        let (tx, rx) = tokio::sync::mpsc::channel::<std::io::Result<Vec<u8>>>(16);
+        let pump = async move {
+            let mut buf = vec![0u8; 1 << 16];
+            loop {
+                match reader.read(&mut buf).await {
+                    Ok(0) => break,
+                    Ok(n) => {
+                        if tx.send(Ok(buf[..n].to_vec())).await.is_err() {
+                            break;
+                        }
+                    }
+                    Err(e) => {
+                        let _ = tx.send(Err(e)).await;
+                        break;
+                    }
+                }
+            }
+        };
+        let chan = ChannelReader {
+            rx,
+            chunk: Vec::new(),
+            pos: 0,
             cancelled: cancelled.clone(),
         };
         let (dir, wdir) = (root.to_path_buf(), work.to_path_buf());
-        let res = tokio::task::spawn_blocking(move || {
-            let r = import::unpack_tar(reader, &dir);
+        let mut unpack = tokio::task::spawn_blocking(move || {
+            let r = import::unpack_tar(chan, &dir);
             if cancelled.load(Ordering::SeqCst) {
                 let _ = fs::remove_dir_all(&wdir);
             }
             r
-        })
-        .await
-        .map_err(|e| import_err(name, format!("unpack task failed: {e}")))?;
-        res.map_err(|m| import_err(name, m))
+        });
+        tokio::pin!(pump);
+        let joined = tokio::select! {
+            // The unpack finished (or failed) before the input ended: stop reading.
+            r = &mut unpack => r,
+            // All input handed over: wait for the unpack.
+            () = &mut pump => unpack.await,
+        };
+        joined
+            .map_err(|e| import_err(name, format!("unpack task failed: {e}")))?
+            .map_err(|m| import_err(name, m))
     }
 
     /// Imports the directory `dir` as a single-layer image `name`, replacing any image of the
@@ -739,17 +770,35 @@ impl Drop for CancelOnDrop {
     }
 }
 
-/// Fails reads once the import was abandoned, so a blocking unpack stops early.
-struct CancellableReader<R> {
-    inner: R,
+/// The blocking side of the import pump: reads chunks from the channel.
+struct ChannelReader {
+    rx: tokio::sync::mpsc::Receiver<std::io::Result<Vec<u8>>>,
+    chunk: Vec<u8>,
+    pos: usize,
     cancelled: Arc<AtomicBool>,
 }
 
-impl<R: std::io::Read> std::io::Read for CancellableReader<R> {
+impl std::io::Read for ChannelReader {
     fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
-        if self.cancelled.load(Ordering::SeqCst) {
-            return Err(std::io::Error::other("import cancelled"));
+        while self.pos >= self.chunk.len() {
+            if self.cancelled.load(Ordering::SeqCst) {
+                return Err(std::io::Error::other("import cancelled"));
+            }
+            match self.rx.blocking_recv() {
+                Some(Ok(c)) => {
+                    self.chunk = c;
+                    self.pos = 0;
+                }
+                Some(Err(e)) => return Err(e),
+                None if self.cancelled.load(Ordering::SeqCst) => {
+                    return Err(std::io::Error::other("import cancelled"))
+                }
+                None => return Ok(0),
+            }
         }
-        self.inner.read(buf)
+        let n = buf.len().min(self.chunk.len() - self.pos);
+        buf[..n].copy_from_slice(&self.chunk[self.pos..self.pos + n]);
+        self.pos += n;
+        Ok(n)
     }
 }
