@@ -400,17 +400,8 @@ impl Client {
             .await
     }
 
-    /// Streams a file out of the sandbox into `writer`; returns its mode (from `x-dsec-mode`)
-    /// and the number of bytes written.
-    pub async fn read_file<W>(
-        &self,
-        id: &str,
-        path: &str,
-        writer: &mut W,
-    ) -> Result<(Option<u32>, u64)>
-    where
-        W: AsyncWrite + Unpin,
-    {
+    /// Starts a download; returns the answer (checked) and the file's mode (`x-dsec-mode`).
+    async fn open_file(&self, id: &str, path: &str) -> Result<(Response, Option<u32>, Url)> {
         let url = self.files_url(id, &[], &[("path", path.to_string())])?;
         let resp = check(self.send(self.request(Method::GET, url.clone())).await?).await?;
         let mode = resp
@@ -418,10 +409,17 @@ impl Client {
             .get("x-dsec-mode")
             .and_then(|v| v.to_str().ok())
             .and_then(parse_mode);
+        Ok((resp, mode, url))
+    }
+
+    async fn copy_body<W>(resp: Response, url: &Url, writer: &mut W) -> Result<u64>
+    where
+        W: AsyncWrite + Unpin,
+    {
         let mut stream = resp.bytes_stream();
         let mut n = 0u64;
         while let Some(chunk) = stream.next().await {
-            let chunk = chunk.map_err(|e| transport(&url, e))?;
+            let chunk = chunk.map_err(|e| transport(url, e))?;
             writer
                 .write_all(&chunk)
                 .await
@@ -435,16 +433,34 @@ impl Client {
             context: "flush downloaded data".into(),
             source,
         })?;
+        Ok(n)
+    }
+
+    /// Streams a file out of the sandbox into `writer`; returns its mode (from `x-dsec-mode`)
+    /// and the number of bytes written.
+    pub async fn read_file<W>(
+        &self,
+        id: &str,
+        path: &str,
+        writer: &mut W,
+    ) -> Result<(Option<u32>, u64)>
+    where
+        W: AsyncWrite + Unpin,
+    {
+        let (resp, mode, url) = self.open_file(id, path).await?;
+        let n = Self::copy_body(resp, &url, writer).await?;
         Ok((mode, n))
     }
 
-    /// Downloads a file into a local path, keeping its mode.
+    /// Downloads a file into a local path, keeping its mode. The local file is created only
+    /// once the sandbox has answered (a missing remote file leaves the local side untouched).
     pub async fn read_file_to_path(&self, id: &str, path: &str, local: &Path) -> Result<u64> {
         let io = |context: String| move |source| ClientError::Io { context, source };
+        let (resp, mode, url) = self.open_file(id, path).await?;
         let mut f = tokio::fs::File::create(local)
             .await
             .map_err(io(format!("create {}", local.display())))?;
-        let (mode, n) = self.read_file(id, path, &mut f).await?;
+        let n = Self::copy_body(resp, &url, &mut f).await?;
         if let Some(mode) = mode {
             use std::os::unix::fs::PermissionsExt;
             tokio::fs::set_permissions(local, std::fs::Permissions::from_mode(mode))

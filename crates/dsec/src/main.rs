@@ -255,5 +255,11 @@ mod tests {
         ])
         .is_err());
         assert!(Cli::try_parse_from(["dsec", "run", "busybox", "--env", "novalue"]).is_err());
+        assert!(Cli::try_parse_from(["dsec", "image", "import", "x", "--dir", "d"]).is_ok());
+        assert!(Cli::try_parse_from(["dsec", "image", "import", "x"]).is_err());
+        assert!(
+            Cli::try_parse_from(["dsec", "image", "import", "x", "--dir", "d", "--tar", "t"])
+                .is_err()
+        );
     }
 }

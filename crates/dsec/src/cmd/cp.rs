@@ -82,10 +82,17 @@ async fn download(c: &Client, id: &str, path: &str, dst: &str) -> anyhow::Result
     if dst.ends_with('/') || target.is_dir() {
         target = target.join(basename(path)?);
     }
-    let n = c
-        .read_file_to_path(id, path, &target)
-        .await
-        .with_context(|| format!("copy {id}:{path} to {}", target.display()))?;
+    let n = match c.read_file_to_path(id, path, &target).await {
+        Ok(n) => n,
+        Err(e) => {
+            // Do not leave a partial file behind (the client creates it only once the
+            // sandbox answered, so an API error leaves an existing file untouched).
+            if !matches!(e, dsec_client::ClientError::Api { .. }) {
+                let _ = std::fs::remove_file(&target);
+            }
+            return Err(e).with_context(|| format!("copy {id}:{path} to {}", target.display()));
+        }
+    };
     eprintln!("{id}:{path} -> {} ({n} bytes)", target.display());
     Ok(())
 }

@@ -25,15 +25,14 @@ pub enum ImageCommand {
 }
 
 #[derive(Args, Debug)]
-#[group(id = "source", required = true, multiple = false)]
 pub struct ImportArgs {
     /// Image name (`name` or `name:tag`).
     pub name: String,
     /// Root file system directory.
-    #[arg(long, group = "source")]
+    #[arg(long, conflicts_with = "tar", required_unless_present = "tar")]
     pub dir: Option<PathBuf>,
     /// Tar file (`-` for standard input).
-    #[arg(long, group = "source")]
+    #[arg(long)]
     pub tar: Option<PathBuf>,
 }
 
