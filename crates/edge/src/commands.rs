@@ -30,6 +30,17 @@ pub struct CommandDefaults {
     pub max_timeout_s: f64,
 }
 
+/// Grace the edge gives aether beyond a command's own timeout before giving up on it.
+pub const AGENT_GRACE: std::time::Duration = std::time::Duration::from_secs(30);
+
+/// The timeout in milliseconds of a translated `RunShell`/`Exec` request.
+pub fn request_timeout_ms(r: &Request) -> u64 {
+    match r {
+        Request::RunShell { timeout_ms, .. } | Request::Exec { timeout_ms, .. } => *timeout_ms,
+        _ => 0,
+    }
+}
+
 fn timeout_ms(t: Option<f64>, d: CommandDefaults) -> Result<u64, EdgeError> {
     let s = t.unwrap_or(d.default_timeout_s);
     if !(s.is_finite() && s > 0.0) {
@@ -260,18 +271,28 @@ impl Drop for CancelGuard {
     }
 }
 
-/// Waits for a non-streamed command's result; dropping the future cancels the command.
+/// Waits for a non-streamed command's result; dropping the future (or passing `deadline`)
+/// cancels the command.
 pub async fn collect_call(
     client: AetherClient,
     call: Call,
     sandbox: &str,
+    deadline: std::time::Duration,
 ) -> Result<CommandOutput, EdgeError> {
     let mut guard = CancelGuard {
         client,
         target: call.id(),
         done: false,
     };
-    let collected = dsec_runtime::aether_client::collect(call).await;
+    // aether enforces the command's timeout; this only guards against an agent that hangs.
+    let collected = tokio::time::timeout(deadline, dsec_runtime::aether_client::collect(call))
+        .await
+        .map_err(|_| {
+            EdgeError::Internal(format!(
+                "sandbox {sandbox}: its agent did not finish the command within {}s; cancelled it",
+                deadline.as_secs()
+            ))
+        })?;
     guard.disarm();
     let (reply, body) =
         collected.map_err(|e| EdgeError::from_channel(sandbox, Subject::Other, e))?;

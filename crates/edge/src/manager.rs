@@ -389,6 +389,14 @@ impl Manager {
                 }
                 self.metrics.sandboxes_created.inc();
                 self.metrics.sandboxes_running.inc();
+                if self.shutting_down.load(Ordering::SeqCst) {
+                    // Shutdown began while this create ran: do not leave it behind.
+                    let ended = self.finish(&entry, End::Stopped("the edge shut down".into())).await;
+                    return Err(EdgeError::Unavailable(format!(
+                        "node {} shut down while sandbox {} was being created; it was {:?}",
+                        self.cfg.node_id, ended.id, ended.state
+                    )));
+                }
                 self.metrics
                     .create_seconds
                     .observe(started.elapsed().as_secs_f64());
@@ -733,6 +741,7 @@ impl Manager {
     ) -> Result<CommandReply, EdgeError> {
         let oom_before = e.sandbox.usage().oom_kills;
         let chan = |err| EdgeError::from_channel(&e.id, Subject::Other, err);
+        let timeout_ms = commands::request_timeout_ms(&r);
         let call = e.aether.call(r, stdin).await.map_err(chan)?;
         if stream {
             let probe_entry = e.clone();
@@ -740,7 +749,8 @@ impl Manager {
             let s = commands::stream_call(e.aether.clone(), call, e.id.clone(), probe, oom_before);
             return Ok(CommandReply::Stream(s));
         }
-        let out = commands::collect_call(e.aether.clone(), call, &e.id).await?;
+        let deadline = std::time::Duration::from_millis(timeout_ms) + commands::AGENT_GRACE;
+        let out = commands::collect_call(e.aether.clone(), call, &e.id, deadline).await?;
         let oom = e.sandbox.usage().oom_kills > oom_before;
         Ok(CommandReply::Done(commands::output_result(&out, oom)))
     }
@@ -880,7 +890,7 @@ impl Manager {
 
     /// Stops every sandbox and unmounts every layer.
     pub async fn shutdown(&self) {
-        self.shutting_down.store(true, Ordering::Relaxed);
+        self.shutting_down.store(true, Ordering::SeqCst);
         let entries: Vec<Arc<Entry>> = lock(&self.state).live.values().cloned().collect();
         tracing::info!(count = entries.len(), "stopping every sandbox");
         let stops = entries

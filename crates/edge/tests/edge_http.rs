@@ -281,7 +281,7 @@ async fn edge_http_end_to_end() {
     let res = api
         .shell(
             &id,
-            json!({"cmd": "echo hello; echo err >&2; cd /tmp; exit 3"}),
+            json!({"cmd": "echo hello; echo err >&2; cd /tmp; (exit 3)"}),
         )
         .await;
     assert_eq!(res.exit_code, 3);
@@ -348,7 +348,7 @@ async fn edge_http_end_to_end() {
     // --- streaming ---
     let r = api
         .post(&format!("/edge/v1/sandboxes/{id}/shell"))
-        .json(&json!({"cmd": "echo a; sleep 0.2; echo b >&2; exit 4", "stream": true}))
+        .json(&json!({"cmd": "echo a; sleep 0.2; echo b >&2; (exit 4)", "stream": true}))
         .send()
         .await
         .unwrap();
