@@ -9,7 +9,8 @@ use dsec_wire::aether::{self, Envelope, Msg, Reply, Request, CHUNK, MAX_BODY};
 
 use crate::sys;
 
-/// What came in on the channel.
+/// What came in on the channel. (Short-lived, one at a time: boxing the request buys nothing.)
+#[allow(clippy::large_enum_variant)]
 pub enum Incoming {
     Request(u64, Request, Vec<u8>),
     /// A frame with a valid header shape but a request we cannot decode.
@@ -50,17 +51,25 @@ fn read_exact(fd: RawFd, buf: &mut [u8]) -> Result<(), ReadError> {
 pub fn read_frame(fd: RawFd) -> Result<Incoming, ReadError> {
     let mut prefix = [0u8; 8];
     read_exact(fd, &mut prefix)?;
-    let (hlen, blen) = aether::parse_prefix(prefix).map_err(|e| ReadError::Malformed(e.to_string()))?;
+    let (hlen, blen) =
+        aether::parse_prefix(prefix).map_err(|e| ReadError::Malformed(e.to_string()))?;
     let mut header = vec![0u8; hlen];
     read_exact(fd, &mut header)?;
     let mut body = vec![0u8; blen];
     read_exact(fd, &mut body)?;
     match aether::parse_header(&header) {
-        Ok(Envelope { id, msg: Msg::Request(req) }) => Ok(Incoming::Request(id, req, body)),
-        Ok(Envelope { id, msg: Msg::Reply(_) }) => Ok(Incoming::Bad(id, "aether accepts requests only".into())),
+        Ok(Envelope {
+            id,
+            msg: Msg::Request(req),
+        }) => Ok(Incoming::Request(id, req, body)),
+        Ok(Envelope {
+            id,
+            msg: Msg::Reply(_),
+        }) => Ok(Incoming::Bad(id, "aether accepts requests only".into())),
         Err(e) => {
             // A JSON object with an id is a request we do not understand; anything else is noise.
-            let v: serde_json::Value = serde_json::from_slice(&header).map_err(|_| ReadError::Malformed(e.to_string()))?;
+            let v: serde_json::Value =
+                serde_json::from_slice(&header).map_err(|_| ReadError::Malformed(e.to_string()))?;
             match v.get("id").and_then(|i| i.as_u64()) {
                 Some(id) => Ok(Incoming::Bad(id, e.to_string())),
                 None => Err(ReadError::Malformed(e.to_string())),
@@ -76,7 +85,9 @@ pub struct Writer {
 
 impl Writer {
     pub fn new(fd: OwnedFd) -> Self {
-        Writer { fd: Mutex::new(Some(fd)) }
+        Writer {
+            fd: Mutex::new(Some(fd)),
+        }
     }
 
     /// Replaces the channel (after a reattach).
@@ -87,7 +98,13 @@ impl Writer {
     /// Sends one frame; false if the channel is broken.
     pub fn send(&self, id: u64, reply: Reply, body: &[u8]) -> bool {
         debug_assert!(body.len() <= MAX_BODY as usize);
-        let frame = aether::encode_frame(&Envelope { id, msg: Msg::Reply(reply) }, body);
+        let frame = aether::encode_frame(
+            &Envelope {
+                id,
+                msg: Msg::Reply(reply),
+            },
+            body,
+        );
         let g = self.fd.lock().unwrap_or_else(|p| p.into_inner());
         match g.as_ref() {
             Some(fd) => sys::write_all(fd.as_raw_fd(), &frame).is_ok(),
@@ -112,7 +129,19 @@ impl Writer {
         self.send(id, reply, rest)
     }
 
-    pub fn error(&self, id: u64, kind: aether::AetherErrorKind, message: impl Into<String>) -> bool {
-        self.send(id, Reply::Error(aether::AetherError { kind, message: message.into() }), &[])
+    pub fn error(
+        &self,
+        id: u64,
+        kind: aether::AetherErrorKind,
+        message: impl Into<String>,
+    ) -> bool {
+        self.send(
+            id,
+            Reply::Error(aether::AetherError {
+                kind,
+                message: message.into(),
+            }),
+            &[],
+        )
     }
 }

@@ -83,11 +83,19 @@ pub fn sh_quote(s: &str) -> String {
 
 fn valid_name(k: &str) -> bool {
     let mut chars = k.chars();
-    matches!(chars.next(), Some(c) if c == '_' || c.is_ascii_alphabetic()) && chars.all(|c| c == '_' || c.is_ascii_alphanumeric())
+    matches!(chars.next(), Some(c) if c == '_' || c.is_ascii_alphabetic())
+        && chars.all(|c| c == '_' || c.is_ascii_alphanumeric())
 }
 
 /// The line written to the shell's stdin for one call.
-pub fn wrapper_line(bash: bool, nonce: &str, cmd_file: &Path, in_file: Option<&Path>, cwd: Option<&str>, env: &BTreeMap<String, String>) -> String {
+pub fn wrapper_line(
+    bash: bool,
+    nonce: &str,
+    cmd_file: &Path,
+    in_file: Option<&Path>,
+    cwd: Option<&str>,
+    env: &BTreeMap<String, String>,
+) -> String {
     // Backslash-prefixed words are never alias-expanded; `builtin` skips user functions.
     let b = if bash { r"\builtin " } else { r"\command " };
     let mut line = String::new();
@@ -100,17 +108,31 @@ pub fn wrapper_line(bash: bool, nonce: &str, cmd_file: &Path, in_file: Option<&P
     // `\.` is not alias-expanded; unlike `builtin .` it keeps `K=V` prefixes visible as
     // variables inside the sourced command.
     let dot = r"\.";
-    let input = in_file.map_or_else(|| "/dev/null".to_string(), |p| sh_quote(&p.to_string_lossy()));
-    line.push_str(&format!("{dot} {} < {input}; ", sh_quote(&cmd_file.to_string_lossy())));
+    let input = in_file.map_or_else(
+        || "/dev/null".to_string(),
+        |p| sh_quote(&p.to_string_lossy()),
+    );
+    line.push_str(&format!(
+        "{dot} {} < {input}; ",
+        sh_quote(&cmd_file.to_string_lossy())
+    ));
     line.push_str("__dsec_rc=$?; ");
-    line.push_str(&format!("{b}printf '\\036DSEC%s:%d\\n' {nonce} \"$__dsec_rc\"; "));
-    line.push_str(&format!("{b}printf '\\036DSEC%s:%d\\n' {nonce} \"$__dsec_rc\" >&2\n"));
+    line.push_str(&format!(
+        "{b}printf '\\036DSEC%s:%d\\n' {nonce} \"$__dsec_rc\"; "
+    ));
+    line.push_str(&format!(
+        "{b}printf '\\036DSEC%s:%d\\n' {nonce} \"$__dsec_rc\" >&2\n"
+    ));
     line
 }
 
 fn start_shell(srv: &Server) -> std::io::Result<Shell> {
     let bash = Path::new("/bin/bash").exists();
-    let (path, argv) = if bash { ("/bin/bash", vec!["bash", "--noprofile", "--norc"]) } else { ("/bin/sh", vec!["sh"]) };
+    let (path, argv) = if bash {
+        ("/bin/bash", vec!["bash", "--noprofile", "--norc"])
+    } else {
+        ("/bin/sh", vec!["sh"])
+    };
     let env = srv.env_map(&srv.user, &BTreeMap::new(), false);
     let cwd = srv.start_dir(&srv.user, None);
     let (in_r, in_w) = sys::pipe()?;
@@ -118,19 +140,30 @@ fn start_shell(srv: &Server) -> std::io::Result<Shell> {
     let (err_r, err_w) = sys::pipe()?;
     let spec = SpawnSpec {
         path: sys::cstr(path)?,
-        argv: argv.iter().map(|a| sys::cstr(a)).collect::<Result<_, _>>()?,
+        argv: argv
+            .iter()
+            .map(|a| sys::cstr(a))
+            .collect::<Result<_, _>>()?,
         envp: Server::env_vec(&env),
         cwd: Some(sys::cstr(&cwd.to_string_lossy())?),
         creds: srv.creds_for(&srv.user),
         stdio: [in_r.as_raw_fd(), out_w.as_raw_fd(), err_w.as_raw_fd()],
         ctty: false,
     };
-    let pid = sys::spawn(&srv.reaper, &spec).map_err(|e| std::io::Error::new(e.err.kind(), format!("start shell {path}: {e}")))?;
+    let pid = sys::spawn(&srv.reaper, &spec)
+        .map_err(|e| std::io::Error::new(e.err.kind(), format!("start shell {path}: {e}")))?;
     let pidfd = sys::pidfd_open(pid)?;
     if bash {
         sys::write_all(in_w.as_raw_fd(), b"\\builtin shopt -s expand_aliases\n")?;
     }
-    Ok(Shell { pid, pidfd, stdin: in_w, stdout: out_r, stderr: err_r, bash })
+    Ok(Shell {
+        pid,
+        pidfd,
+        stdin: in_w,
+        stdout: out_r,
+        stderr: err_r,
+        bash,
+    })
 }
 
 /// Ends a shell and everything in its session.
@@ -141,12 +174,22 @@ fn end_shell(srv: &Server, sh: Shell) {
 }
 
 fn session(srv: &Server, name: &str) -> Arc<Session> {
-    lock(&srv.sessions).entry(name.to_string()).or_insert_with(|| Arc::new(Session { slot: Mutex::new(Slot::default()), leader: AtomicI32::new(0) })).clone()
+    lock(&srv.sessions)
+        .entry(name.to_string())
+        .or_insert_with(|| {
+            Arc::new(Session {
+                slot: Mutex::new(Slot::default()),
+                leader: AtomicI32::new(0),
+            })
+        })
+        .clone()
 }
 
 /// `CloseSession`: kills the shell and everything in its session.
 pub fn close(srv: &Server, name: &str) {
-    let Some(s) = lock(&srv.sessions).remove(name) else { return };
+    let Some(s) = lock(&srv.sessions).remove(name) else {
+        return;
+    };
     let leader = s.leader();
     if leader > 0 {
         // Kill first: a running call holds the slot and ends when its shell dies.
@@ -161,7 +204,11 @@ pub fn close(srv: &Server, name: &str) {
 
 /// Writes a per-call file readable by the sandbox user only.
 fn write_call_file(srv: &Server, path: &Path, data: &[u8]) -> std::io::Result<()> {
-    let mut f = std::fs::OpenOptions::new().write(true).create_new(true).mode(0o600).open(path)?;
+    let mut f = std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .open(path)?;
     if let Some(owner) = srv.owner() {
         if owner != sys::getuid_gid() {
             sys::own_and_mode(f.as_raw_fd(), Some(owner), 0o600)?;
@@ -183,20 +230,32 @@ impl Drop for CallFiles {
 pub fn run(srv: &Server, id: u64, a: RunArgs, body: Vec<u8>) {
     let started = Instant::now();
     if let Some(bad) = a.env.keys().find(|k| !valid_name(k)) {
-        srv.w.error(id, AetherErrorKind::BadRequest, format!("run_shell: invalid environment variable name {bad:?}"));
+        srv.w.error(
+            id,
+            AetherErrorKind::BadRequest,
+            format!("run_shell: invalid environment variable name {bad:?}"),
+        );
         return;
     }
     let guard = match srv.cancellable(id) {
         Ok(g) => g,
         Err(e) => {
-            srv.w.error(id, AetherErrorKind::Internal, format!("run_shell: eventfd: {e}"));
+            srv.w.error(
+                id,
+                AetherErrorKind::Internal,
+                format!("run_shell: eventfd: {e}"),
+            );
             return;
         }
     };
     let sess = session(srv, &a.session);
     let mut slot = lock(&sess.slot);
     let mut restarted = false;
-    if slot.shell.as_ref().is_some_and(|sh| sys::readable_now(sh.pidfd.as_raw_fd())) {
+    if slot
+        .shell
+        .as_ref()
+        .is_some_and(|sh| sys::readable_now(sh.pidfd.as_raw_fd()))
+    {
         if let Some(sh) = slot.shell.take() {
             end_shell(srv, sh);
         }
@@ -210,7 +269,11 @@ pub fn run(srv: &Server, id: u64, a: RunArgs, body: Vec<u8>) {
                 slot.shell = Some(sh);
             }
             Err(e) => {
-                srv.w.error(id, AetherErrorKind::Internal, format!("session {}: {e}", a.session));
+                srv.w.error(
+                    id,
+                    AetherErrorKind::Internal,
+                    format!("session {}: {e}", a.session),
+                );
                 return;
             }
         }
@@ -218,7 +281,8 @@ pub fn run(srv: &Server, id: u64, a: RunArgs, body: Vec<u8>) {
     let nonce = match sys::nonce() {
         Ok(n) => n,
         Err(e) => {
-            srv.w.error(id, AetherErrorKind::Internal, format!("random nonce: {e}"));
+            srv.w
+                .error(id, AetherErrorKind::Internal, format!("random nonce: {e}"));
             return;
         }
     };
@@ -228,25 +292,49 @@ pub fn run(srv: &Server, id: u64, a: RunArgs, body: Vec<u8>) {
     let mut cmd = a.cmd.clone().into_bytes();
     cmd.push(b'\n');
     if let Err(e) = write_call_file(srv, &cmd_file, &cmd) {
-        srv.w.error(id, AetherErrorKind::Internal, format!("write {}: {e}", cmd_file.display()));
+        srv.w.error(
+            id,
+            AetherErrorKind::Internal,
+            format!("write {}: {e}", cmd_file.display()),
+        );
         return;
     }
     files.0.push(cmd_file.clone());
     if !body.is_empty() {
         if let Err(e) = write_call_file(srv, &in_file, &body) {
-            srv.w.error(id, AetherErrorKind::Internal, format!("write {}: {e}", in_file.display()));
+            srv.w.error(
+                id,
+                AetherErrorKind::Internal,
+                format!("write {}: {e}", in_file.display()),
+            );
             return;
         }
         files.0.push(in_file.clone());
     }
     drop(body);
-    let Some(sh) = slot.shell.as_ref() else { return };
+    let Some(sh) = slot.shell.as_ref() else {
+        return;
+    };
     let before = procs::snapshot(sh.pid);
-    let line = wrapper_line(sh.bash, &nonce, &cmd_file, (files.0.len() > 1).then_some(in_file.as_path()), a.cwd.as_deref(), &a.env);
+    let line = wrapper_line(
+        sh.bash,
+        &nonce,
+        &cmd_file,
+        (files.0.len() > 1).then_some(in_file.as_path()),
+        a.cwd.as_deref(),
+        &a.env,
+    );
     // A write error means the shell is gone: the pump below sees its pidfd.
     let _ = sys::write_all(sh.stdin.as_raw_fd(), line.as_bytes());
     let marker = format!("\x1eDSEC{nonce}:");
-    let mut col = Collector::new(&srv.w, id, a.stream, a.max_output, [sh.stdout.as_raw_fd(), sh.stderr.as_raw_fd()], Some(marker.as_bytes()));
+    let mut col = Collector::new(
+        &srv.w,
+        id,
+        a.stream,
+        a.max_output,
+        [sh.stdout.as_raw_fd(), sh.stderr.as_raw_fd()],
+        Some(marker.as_bytes()),
+    );
     let pidfd = sh.pidfd.as_raw_fd();
     let shell_pid = sh.pid;
     let deadline = (a.timeout_ms > 0).then(|| started + Duration::from_millis(a.timeout_ms));
@@ -257,7 +345,11 @@ pub fn run(srv: &Server, id: u64, a: RunArgs, body: Vec<u8>) {
         outcome.exit_code = -1;
         outcome.signal = Some(libc::SIGKILL);
         procs::kill_new_members(shell_pid, &before);
-        stop = col.pump(Some(pidfd), None, Some(Instant::now() + Duration::from_secs(1)));
+        stop = col.pump(
+            Some(pidfd),
+            None,
+            Some(Instant::now() + Duration::from_secs(1)),
+        );
         if stop == Stop::Deadline {
             // The shell itself is stuck (a builtin loop): replace it.
             if let Some(old) = slot.shell.take() {
@@ -273,7 +365,13 @@ pub fn run(srv: &Server, id: u64, a: RunArgs, body: Vec<u8>) {
             }
             restarted = true;
             drop(guard);
-            col.finish(CommandOutcome { session_restarted: restarted, ..outcome }, started);
+            col.finish(
+                CommandOutcome {
+                    session_restarted: restarted,
+                    ..outcome
+                },
+                started,
+            );
             return;
         }
     }

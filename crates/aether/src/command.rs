@@ -42,7 +42,14 @@ pub struct Collector<'a> {
 }
 
 impl<'a> Collector<'a> {
-    pub fn new(w: &'a Writer, id: u64, stream: bool, max_output: u64, fds: [RawFd; 2], marker: Option<&[u8]>) -> Self {
+    pub fn new(
+        w: &'a Writer,
+        id: u64,
+        stream: bool,
+        max_output: u64,
+        fds: [RawFd; 2],
+        marker: Option<&[u8]>,
+    ) -> Self {
         let cap = max_output.min(MAX_KEPT) as usize;
         Collector {
             w,
@@ -62,10 +69,19 @@ impl<'a> Collector<'a> {
             return;
         }
         if self.stream {
-            let stream = if idx == 0 { Stream::Stdout } else { Stream::Stderr };
+            let stream = if idx == 0 {
+                Stream::Stdout
+            } else {
+                Stream::Stderr
+            };
             self.w.send(self.id, Reply::Output { stream }, data);
         }
-        if idx == 0 { &mut self.out } else { &mut self.err }.push(data);
+        if idx == 0 {
+            &mut self.out
+        } else {
+            &mut self.err
+        }
+        .push(data);
     }
 
     /// One read from stream `idx`; closes it on EOF or error.
@@ -99,12 +115,19 @@ impl<'a> Collector<'a> {
     }
 
     fn markers_done(&self) -> bool {
-        self.scanners.as_ref().is_some_and(|s| s[0].is_done() && s[1].is_done())
+        self.scanners
+            .as_ref()
+            .is_some_and(|s| s[0].is_done() && s[1].is_done())
     }
 
     /// Reads output until the markers are seen, `pidfd` becomes readable, `deadline` passes or
     /// `cancel` fires.
-    pub fn pump(&mut self, pidfd: Option<RawFd>, cancel: Option<RawFd>, deadline: Option<Instant>) -> Stop {
+    pub fn pump(
+        &mut self,
+        pidfd: Option<RawFd>,
+        cancel: Option<RawFd>,
+        deadline: Option<Instant>,
+    ) -> Stop {
         loop {
             if self.markers_done() {
                 return Stop::Markers;
@@ -116,7 +139,11 @@ impl<'a> Collector<'a> {
                 // background jobs and stays in the pipe.
                 let scanned = self.scanners.as_ref().is_some_and(|s| s[i].is_done());
                 if let (Some(fd), false) = (fd, scanned) {
-                    pfds.push(libc::pollfd { fd: *fd, events: libc::POLLIN, revents: 0 });
+                    pfds.push(libc::pollfd {
+                        fd: *fd,
+                        events: libc::POLLIN,
+                        revents: 0,
+                    });
                     idxs.push(i);
                 }
             }
@@ -125,11 +152,19 @@ impl<'a> Collector<'a> {
                 return Stop::Eof;
             }
             if let Some(p) = pidfd {
-                pfds.push(libc::pollfd { fd: p, events: libc::POLLIN, revents: 0 });
+                pfds.push(libc::pollfd {
+                    fd: p,
+                    events: libc::POLLIN,
+                    revents: 0,
+                });
             }
             let cancel_at = pfds.len();
             if let Some(c) = cancel {
-                pfds.push(libc::pollfd { fd: c, events: libc::POLLIN, revents: 0 });
+                pfds.push(libc::pollfd {
+                    fd: c,
+                    events: libc::POLLIN,
+                    revents: 0,
+                });
             }
             let timeout = match deadline {
                 None => -1,
@@ -180,17 +215,21 @@ impl<'a> Collector<'a> {
         outcome.duration_ms = started.elapsed().as_secs_f64() * 1000.0;
         let mut body = self.out.kept;
         body.extend_from_slice(&self.err.kept);
-        self.w.send_long(self.id, Reply::CommandDone(outcome), &body);
+        self.w
+            .send_long(self.id, Reply::CommandDone(outcome), &body);
     }
 }
 
 /// Feeds `body` to a pipe's write end on a small thread (so a command that does not read its
 /// stdin cannot block us). The pipe closes when everything was written.
 pub fn feed_stdin(fd: std::os::fd::OwnedFd, body: Vec<u8>) {
-    let spawned = std::thread::Builder::new().name("stdin".into()).stack_size(64 * 1024).spawn(move || {
-        use std::os::fd::AsRawFd;
-        let _ = sys::write_all(fd.as_raw_fd(), &body);
-    });
+    let spawned = std::thread::Builder::new()
+        .name("stdin".into())
+        .stack_size(64 * 1024)
+        .spawn(move || {
+            use std::os::fd::AsRawFd;
+            let _ = sys::write_all(fd.as_raw_fd(), &body);
+        });
     if let Err(e) = spawned {
         eprintln!("aether: stdin feeder: {e}");
     }

@@ -38,7 +38,8 @@ fn not_started(srv: &Server, id: u64, code: i32, msg: String, started: Instant) 
 pub fn run(srv: &Server, id: u64, a: ExecArgs, body: Vec<u8>) {
     let started = Instant::now();
     let Some(argv0) = a.argv.first() else {
-        srv.w.error(id, AetherErrorKind::BadRequest, "exec: argv is empty");
+        srv.w
+            .error(id, AetherErrorKind::BadRequest, "exec: argv is empty");
         return;
     };
     let user = match &a.user {
@@ -46,7 +47,8 @@ pub fn run(srv: &Server, id: u64, a: ExecArgs, body: Vec<u8>) {
         Some(u) => match users::resolve_here(u) {
             Ok(u) => u,
             Err(e) => {
-                srv.w.error(id, AetherErrorKind::BadRequest, format!("exec: {e}"));
+                srv.w
+                    .error(id, AetherErrorKind::BadRequest, format!("exec: {e}"));
                 return;
             }
         },
@@ -54,19 +56,34 @@ pub fn run(srv: &Server, id: u64, a: ExecArgs, body: Vec<u8>) {
     let env = srv.env_map(&user, &a.env, false);
     let path_var = env.get("PATH").cloned().unwrap_or_default();
     let Some(path) = sys::resolve_in_path(argv0, &path_var) else {
-        not_started(srv, id, 127, format!("dsec-aether: {argv0}: command not found\n"), started);
+        not_started(
+            srv,
+            id,
+            127,
+            format!("dsec-aether: {argv0}: command not found\n"),
+            started,
+        );
         return;
     };
     let cwd = srv.start_dir(&user, a.cwd.as_deref());
     let cargs: Result<Vec<_>, _> = a.argv.iter().map(|s| sys::cstr(s)).collect();
-    let (Ok(argv), Ok(cpath), Ok(ccwd)) = (cargs, sys::cstr(&path), std::ffi::CString::new(cwd.as_os_str().as_bytes())) else {
-        srv.w.error(id, AetherErrorKind::BadRequest, "exec: argv, path or cwd contains a NUL byte");
+    let (Ok(argv), Ok(cpath), Ok(ccwd)) = (
+        cargs,
+        sys::cstr(&path),
+        std::ffi::CString::new(cwd.as_os_str().as_bytes()),
+    ) else {
+        srv.w.error(
+            id,
+            AetherErrorKind::BadRequest,
+            "exec: argv, path or cwd contains a NUL byte",
+        );
         return;
     };
     let guard = match srv.cancellable(id) {
         Ok(g) => g,
         Err(e) => {
-            srv.w.error(id, AetherErrorKind::Internal, format!("exec: eventfd: {e}"));
+            srv.w
+                .error(id, AetherErrorKind::Internal, format!("exec: eventfd: {e}"));
             return;
         }
     };
@@ -74,7 +91,8 @@ pub fn run(srv: &Server, id: u64, a: ExecArgs, body: Vec<u8>) {
     let ((in_r, in_w), (out_r, out_w), (err_r, err_w)) = match pipes {
         Ok(p) => p,
         Err(e) => {
-            srv.w.error(id, AetherErrorKind::Internal, format!("exec: pipes: {e}"));
+            srv.w
+                .error(id, AetherErrorKind::Internal, format!("exec: pipes: {e}"));
             return;
         }
     };
@@ -94,18 +112,37 @@ pub fn run(srv: &Server, id: u64, a: ExecArgs, body: Vec<u8>) {
         Err(e) => {
             let errno = e.err.raw_os_error();
             match (e.stage, errno) {
-                (Stage::Exec, Some(libc::ENOENT)) => {
-                    not_started(srv, id, 127, format!("dsec-aether: {argv0}: No such file or directory\n"), started)
-                }
-                (Stage::Exec, _) => not_started(srv, id, 126, format!("dsec-aether: {argv0}: {}\n", e.err), started),
+                (Stage::Exec, Some(libc::ENOENT)) => not_started(
+                    srv,
+                    id,
+                    127,
+                    format!("dsec-aether: {argv0}: No such file or directory\n"),
+                    started,
+                ),
+                (Stage::Exec, _) => not_started(
+                    srv,
+                    id,
+                    126,
+                    format!("dsec-aether: {argv0}: {}\n", e.err),
+                    started,
+                ),
                 (Stage::Cwd, Some(libc::ENOENT | libc::ENOTDIR)) => {
-                    srv.w.error(id, AetherErrorKind::NotFound, format!("exec: cwd {}: {}", cwd.display(), e.err));
+                    srv.w.error(
+                        id,
+                        AetherErrorKind::NotFound,
+                        format!("exec: cwd {}: {}", cwd.display(), e.err),
+                    );
                 }
                 (Stage::Cwd, _) => {
-                    srv.w.error(id, AetherErrorKind::PermissionDenied, format!("exec: cwd {}: {}", cwd.display(), e.err));
+                    srv.w.error(
+                        id,
+                        AetherErrorKind::PermissionDenied,
+                        format!("exec: cwd {}: {}", cwd.display(), e.err),
+                    );
                 }
                 _ => {
-                    srv.w.error(id, AetherErrorKind::Internal, format!("exec {argv0}: {e}"));
+                    srv.w
+                        .error(id, AetherErrorKind::Internal, format!("exec {argv0}: {e}"));
                 }
             }
             return;
@@ -117,20 +154,38 @@ pub fn run(srv: &Server, id: u64, a: ExecArgs, body: Vec<u8>) {
         feed_stdin(in_w, body);
     }
     let pidfd = sys::pidfd_open(pid).ok();
-    let mut col = Collector::new(&srv.w, id, a.stream, a.max_output, [out_r.as_raw_fd(), err_r.as_raw_fd()], None);
+    let mut col = Collector::new(
+        &srv.w,
+        id,
+        a.stream,
+        a.max_output,
+        [out_r.as_raw_fd(), err_r.as_raw_fd()],
+        None,
+    );
     let deadline = (a.timeout_ms > 0).then(|| started + Duration::from_millis(a.timeout_ms));
     let mut killed = false;
     let mut timed_out = false;
-    let stop = col.pump(pidfd.as_ref().map(|f| f.as_raw_fd()), Some(guard.cancel.fd()), deadline);
+    let stop = col.pump(
+        pidfd.as_ref().map(|f| f.as_raw_fd()),
+        Some(guard.cancel.fd()),
+        deadline,
+    );
     if matches!(stop, Stop::Deadline | Stop::Cancelled) {
         timed_out = stop == Stop::Deadline;
         killed = true;
         procs::kill_session(pid);
-        col.pump(pidfd.as_ref().map(|f| f.as_raw_fd()), None, Some(Instant::now() + Duration::from_secs(2)));
+        col.pump(
+            pidfd.as_ref().map(|f| f.as_raw_fd()),
+            None,
+            Some(Instant::now() + Duration::from_secs(2)),
+        );
     }
     col.drain(Instant::now() + Duration::from_millis(250));
     let status = srv.reaper.wait(pid, Some(Duration::from_secs(5)));
-    let mut outcome = CommandOutcome { timed_out, ..Default::default() };
+    let mut outcome = CommandOutcome {
+        timed_out,
+        ..Default::default()
+    };
     match (killed, status) {
         (true, _) => {
             outcome.exit_code = -1;

@@ -23,9 +23,13 @@ pub struct Upload {
 pub fn io_error(what: &str, path: &Path, e: &io::Error) -> (AetherErrorKind, String) {
     let kind = match e.raw_os_error() {
         Some(libc::ENOENT) | Some(libc::ENOTDIR) => AetherErrorKind::NotFound,
-        Some(libc::EACCES) | Some(libc::EPERM) | Some(libc::EROFS) => AetherErrorKind::PermissionDenied,
+        Some(libc::EACCES) | Some(libc::EPERM) | Some(libc::EROFS) => {
+            AetherErrorKind::PermissionDenied
+        }
         Some(libc::EISDIR) | Some(libc::ENOTEMPTY) => AetherErrorKind::WrongKind,
-        Some(libc::EEXIST) | Some(libc::EINVAL) | Some(libc::ENAMETOOLONG) | Some(libc::ELOOP) => AetherErrorKind::BadRequest,
+        Some(libc::EEXIST) | Some(libc::EINVAL) | Some(libc::ENAMETOOLONG) | Some(libc::ELOOP) => {
+            AetherErrorKind::BadRequest
+        }
         _ => AetherErrorKind::Internal,
     };
     (kind, format!("{what} {}: {e}", path.display()))
@@ -47,10 +51,19 @@ pub fn file_info(path: &Path, meta: &fs::Metadata) -> FileInfo {
     } else {
         FileKind::Other
     };
-    let link_target = if ft.is_symlink() { fs::read_link(path).ok().map(|t| t.to_string_lossy().into_owned()) } else { None };
+    let link_target = if ft.is_symlink() {
+        fs::read_link(path)
+            .ok()
+            .map(|t| t.to_string_lossy().into_owned())
+    } else {
+        None
+    };
     FileInfo {
         path: path.to_string_lossy().into_owned(),
-        name: path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_else(|| "/".into()),
+        name: path
+            .file_name()
+            .map(|n| n.to_string_lossy().into_owned())
+            .unwrap_or_else(|| "/".into()),
         kind,
         size: meta.len(),
         mode: meta.mode() & 0o7777,
@@ -86,7 +99,13 @@ pub fn write_begin(srv: &Server, id: u64, path: &str, mode: u32, make_parents: b
                 make_dirs(srv, parent, 0o755)?;
             }
         }
-        let file = OpenOptions::new().write(true).create(true).truncate(true).mode(0o600).custom_flags(libc::O_NOFOLLOW).open(&path)?;
+        let file = OpenOptions::new()
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .mode(0o600)
+            .custom_flags(libc::O_NOFOLLOW)
+            .open(&path)?;
         sys::own_and_mode(file.as_raw_fd(), srv.owner(), mode)?;
         Ok(file)
     })();
@@ -113,10 +132,13 @@ pub fn write_chunk(srv: &Server, id: u64, body: &[u8]) {
 }
 
 pub fn write_end(srv: &Server, id: u64) {
-    let Some(up) = lock(&srv.uploads).remove(&id) else { return };
+    let Some(up) = lock(&srv.uploads).remove(&id) else {
+        return;
+    };
     match up.file.metadata() {
         Ok(meta) => {
-            srv.w.send(id, Reply::Written(file_info(&up.path, &meta)), &[]);
+            srv.w
+                .send(id, Reply::Written(file_info(&up.path, &meta)), &[]);
         }
         Err(e) => fail(srv, id, "write", &up.path, &e),
     }
@@ -133,7 +155,11 @@ pub fn read_file(srv: &Server, id: u64, path: &str) {
         Err(e) => return fail(srv, id, "read", &path, &e),
     };
     if meta.is_dir() {
-        srv.w.error(id, AetherErrorKind::WrongKind, format!("read {}: is a directory", path.display()));
+        srv.w.error(
+            id,
+            AetherErrorKind::WrongKind,
+            format!("read {}: is a directory", path.display()),
+        );
         return;
     }
     let mut buf = vec![0u8; CHUNK];
@@ -151,7 +177,14 @@ pub fn read_file(srv: &Server, id: u64, path: &str) {
             Err(e) => return fail(srv, id, "read", &path, &e),
         }
     }
-    srv.w.send(id, Reply::FileEnd { size, mode: meta.permissions().mode() & 0o7777 }, &[]);
+    srv.w.send(
+        id,
+        Reply::FileEnd {
+            size,
+            mode: meta.permissions().mode() & 0o7777,
+        },
+        &[],
+    );
 }
 
 pub fn list_dir(srv: &Server, id: u64, path: &str) {
@@ -159,7 +192,11 @@ pub fn list_dir(srv: &Server, id: u64, path: &str) {
     let rd = match fs::read_dir(&path) {
         Ok(rd) => rd,
         Err(e) if e.raw_os_error() == Some(libc::ENOTDIR) => {
-            srv.w.error(id, AetherErrorKind::WrongKind, format!("list {}: not a directory", path.display()));
+            srv.w.error(
+                id,
+                AetherErrorKind::WrongKind,
+                format!("list {}: not a directory", path.display()),
+            );
             return;
         }
         Err(e) => return fail(srv, id, "list", &path, &e),
@@ -172,7 +209,14 @@ pub fn list_dir(srv: &Server, id: u64, path: &str) {
         }
     }
     entries.sort_by(|a, b| a.name.cmp(&b.name));
-    srv.w.send(id, Reply::Listed(FileList { path: path.to_string_lossy().into_owned(), entries }), &[]);
+    srv.w.send(
+        id,
+        Reply::Listed(FileList {
+            path: path.to_string_lossy().into_owned(),
+            entries,
+        }),
+        &[],
+    );
 }
 
 pub fn stat(srv: &Server, id: u64, path: &str) {
@@ -213,7 +257,11 @@ pub fn mkdir(srv: &Server, id: u64, path: &str, mode: u32, parents: bool) {
     let res = if parents {
         if let Ok(m) = fs::symlink_metadata(&path) {
             if !m.is_dir() {
-                srv.w.error(id, AetherErrorKind::WrongKind, format!("mkdir {}: exists and is not a directory", path.display()));
+                srv.w.error(
+                    id,
+                    AetherErrorKind::WrongKind,
+                    format!("mkdir {}: exists and is not a directory", path.display()),
+                );
                 return;
             }
         }

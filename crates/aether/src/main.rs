@@ -53,7 +53,10 @@ struct Args {
 }
 
 fn parse_args(args: &[String]) -> Result<Args, String> {
-    let mut a = Args { mode: Mode::Container, fd: 3 };
+    let mut a = Args {
+        mode: Mode::Container,
+        fd: 3,
+    };
     let mut it = args.iter();
     while let Some(arg) = it.next() {
         match arg.as_str() {
@@ -63,7 +66,11 @@ fn parse_args(args: &[String]) -> Result<Args, String> {
                 other => return Err(format!("--mode must be container or bare, not {other:?}")),
             },
             "--fd" => {
-                a.fd = it.next().and_then(|v| v.parse().ok()).filter(|&fd| fd >= 0).ok_or("--fd needs a file descriptor number")?;
+                a.fd = it
+                    .next()
+                    .and_then(|v| v.parse().ok())
+                    .filter(|&fd| fd >= 0)
+                    .ok_or("--fd needs a file descriptor number")?;
             }
             "--version" => {
                 println!("dsec-aether {VERSION}");
@@ -139,7 +146,14 @@ fn main() {
     let (user, env, grace) = match args.mode {
         Mode::Bare => {
             sys::set_child_subreaper();
-            w.send(0, Reply::Ready { pid_in_host: None, aether_version: VERSION.into() }, &[]);
+            w.send(
+                0,
+                Reply::Ready {
+                    pid_in_host: None,
+                    aether_version: VERSION.into(),
+                },
+                &[],
+            );
             (users::current(), BTreeMap::new(), 0)
         }
         Mode::Container => match container_setup(chan.as_raw_fd(), &w) {
@@ -161,7 +175,14 @@ fn main() {
             exit(1);
         }
     };
-    let srv = Arc::new(Server::new(w, reaper, user, env, run_dir.clone(), args.mode == Mode::Container));
+    let srv = Arc::new(Server::new(
+        w,
+        reaper,
+        user,
+        env,
+        run_dir.clone(),
+        args.mode == Mode::Container,
+    ));
     let bare_dir = (args.mode == Mode::Bare).then_some(run_dir);
     serve(&srv, chan, grace);
     srv.kill_everything();
@@ -173,11 +194,18 @@ fn main() {
 
 /// Container mode: the first frame must be `Setup`. Returns the sandbox user, `setup.env` and
 /// the reattach grace, or the exit code after reporting the error.
-fn container_setup(fd: RawFd, w: &Writer) -> Result<(users::User, BTreeMap<String, String>, u64), i32> {
+fn container_setup(
+    fd: RawFd,
+    w: &Writer,
+) -> Result<(users::User, BTreeMap<String, String>, u64), i32> {
     let (id, setup) = match channel::read_frame(fd) {
         Ok(Incoming::Request(id, Request::Setup(s), _)) => (id, s),
         Ok(Incoming::Request(id, _, _)) | Ok(Incoming::Bad(id, _)) => {
-            w.error(id, AetherErrorKind::Setup, "the first request must be setup");
+            w.error(
+                id,
+                AetherErrorKind::Setup,
+                "the first request must be setup",
+            );
             return Err(1);
         }
         Err(e) => {
@@ -189,14 +217,25 @@ fn container_setup(fd: RawFd, w: &Writer) -> Result<(users::User, BTreeMap<Strin
         w.error(id, AetherErrorKind::Setup, format!("sandbox setup: {e}"));
         return Err(1);
     }
-    let user = match users::resolve_here(if setup.user.is_empty() { "0" } else { &setup.user }) {
+    let user = match users::resolve_here(if setup.user.is_empty() {
+        "0"
+    } else {
+        &setup.user
+    }) {
         Ok(u) => u,
         Err(e) => {
             w.error(id, AetherErrorKind::Setup, format!("sandbox setup: {e}"));
             return Err(1);
         }
     };
-    w.send(id, Reply::Ready { pid_in_host: None, aether_version: VERSION.into() }, &[]);
+    w.send(
+        id,
+        Reply::Ready {
+            pid_in_host: None,
+            aether_version: VERSION.into(),
+        },
+        &[],
+    );
     Ok((user, setup.env, setup.reattach_grace_ms))
 }
 
@@ -206,7 +245,11 @@ fn serve(srv: &Arc<Server>, mut chan: OwnedFd, grace_ms: u64) {
         match channel::read_frame(chan.as_raw_fd()) {
             Ok(Incoming::Request(id, req, body)) => srv.dispatch(id, req, body),
             Ok(Incoming::Bad(id, msg)) => {
-                srv.w.error(id, AetherErrorKind::BadRequest, format!("cannot decode request: {msg}"));
+                srv.w.error(
+                    id,
+                    AetherErrorKind::BadRequest,
+                    format!("cannot decode request: {msg}"),
+                );
             }
             Err(e) => {
                 if !matches!(e, ReadError::Eof) {
@@ -217,7 +260,14 @@ fn serve(srv: &Arc<Server>, mut chan: OwnedFd, grace_ms: u64) {
                         Ok(wfd) => {
                             srv.w.replace(wfd);
                             chan = fd;
-                            srv.w.send(0, Reply::Ready { pid_in_host: None, aether_version: VERSION.into() }, &[]);
+                            srv.w.send(
+                                0,
+                                Reply::Ready {
+                                    pid_in_host: None,
+                                    aether_version: VERSION.into(),
+                                },
+                                &[],
+                            );
                         }
                         Err(_) => return,
                     },
@@ -239,19 +289,44 @@ fn reattach(grace_ms: u64) -> Option<OwnedFd> {
     let mut llen = len;
     // SAFETY: getsockopt writes an int into valid out-pointers with their sizes.
     let ok = unsafe {
-        libc::getsockopt(REATTACH_FD, libc::SOL_SOCKET, libc::SO_TYPE, (&mut ty as *mut libc::c_int).cast(), &mut len) == 0
-            && libc::getsockopt(REATTACH_FD, libc::SOL_SOCKET, libc::SO_ACCEPTCONN, (&mut listening as *mut libc::c_int).cast(), &mut llen) == 0
+        libc::getsockopt(
+            REATTACH_FD,
+            libc::SOL_SOCKET,
+            libc::SO_TYPE,
+            (&mut ty as *mut libc::c_int).cast(),
+            &mut len,
+        ) == 0
+            && libc::getsockopt(
+                REATTACH_FD,
+                libc::SOL_SOCKET,
+                libc::SO_ACCEPTCONN,
+                (&mut listening as *mut libc::c_int).cast(),
+                &mut llen,
+            ) == 0
     };
     if !ok || listening == 0 {
         return None;
     }
-    let mut p = [libc::pollfd { fd: REATTACH_FD, events: libc::POLLIN, revents: 0 }];
-    let timeout = Duration::from_millis(grace_ms).as_millis().min(i32::MAX as u128) as i32;
+    let mut p = [libc::pollfd {
+        fd: REATTACH_FD,
+        events: libc::POLLIN,
+        revents: 0,
+    }];
+    let timeout = Duration::from_millis(grace_ms)
+        .as_millis()
+        .min(i32::MAX as u128) as i32;
     if !matches!(sys::poll(&mut p, timeout), Ok(1)) {
         return None;
     }
     // SAFETY: accept4 on a listening socket with NULL address pointers.
-    let fd = unsafe { libc::accept4(REATTACH_FD, std::ptr::null_mut(), std::ptr::null_mut(), libc::SOCK_CLOEXEC) };
+    let fd = unsafe {
+        libc::accept4(
+            REATTACH_FD,
+            std::ptr::null_mut(),
+            std::ptr::null_mut(),
+            libc::SOCK_CLOEXEC,
+        )
+    };
     if fd < 0 {
         return None;
     }
@@ -269,8 +344,20 @@ mod tests {
 
     #[test]
     fn args() {
-        assert_eq!(parse_args(&[]).unwrap(), Args { mode: Mode::Container, fd: 3 });
-        assert_eq!(parse_args(&s(&["--mode", "bare", "--fd", "7"])).unwrap(), Args { mode: Mode::Bare, fd: 7 });
+        assert_eq!(
+            parse_args(&[]).unwrap(),
+            Args {
+                mode: Mode::Container,
+                fd: 3
+            }
+        );
+        assert_eq!(
+            parse_args(&s(&["--mode", "bare", "--fd", "7"])).unwrap(),
+            Args {
+                mode: Mode::Bare,
+                fd: 7
+            }
+        );
         assert!(parse_args(&s(&["--mode", "vm"])).is_err());
         assert!(parse_args(&s(&["--fd", "5"])).is_err());
         assert!(parse_args(&s(&["--mode", "bare", "--fd", "x"])).is_err());

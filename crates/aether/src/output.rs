@@ -11,7 +11,12 @@ pub struct Capped {
 
 impl Capped {
     pub fn new(cap: usize) -> Self {
-        Capped { kept: Vec::new(), cap, total: 0, truncated: false }
+        Capped {
+            kept: Vec::new(),
+            cap,
+            total: 0,
+            truncated: false,
+        }
     }
 
     pub fn push(&mut self, data: &[u8]) {
@@ -48,7 +53,11 @@ const MAX_STATUS_DIGITS: usize = 12;
 
 impl MarkerScanner {
     pub fn new(marker: &[u8]) -> Self {
-        MarkerScanner { marker: marker.to_vec(), pending: Vec::new(), done: false }
+        MarkerScanner {
+            marker: marker.to_vec(),
+            pending: Vec::new(),
+            done: false,
+        }
     }
 
     pub fn is_done(&self) -> bool {
@@ -65,7 +74,10 @@ impl MarkerScanner {
         if let Some(i) = find(&buf, &self.marker) {
             let after = &buf[i + self.marker.len()..];
             if let Some(nl) = after.iter().position(|&b| b == b'\n') {
-                let status = std::str::from_utf8(&after[..nl]).ok().and_then(|s| s.trim().parse().ok()).unwrap_or(-1);
+                let status = std::str::from_utf8(&after[..nl])
+                    .ok()
+                    .and_then(|s| s.trim().parse().ok())
+                    .unwrap_or(-1);
                 self.done = true;
                 buf.truncate(i);
                 return Scan::Done(buf, status);
@@ -157,18 +169,31 @@ mod tests {
     #[test]
     fn marker_whole_and_split() {
         assert_eq!(run(&[b"hello\x1eMK1:0\n"]), (b"hello".to_vec(), Some(0)));
-        assert_eq!(run(&[b"no newline", b"\x1eMK", b"1:4", b"2\n"]), (b"no newline".to_vec(), Some(42)));
+        assert_eq!(
+            run(&[b"no newline", b"\x1eMK", b"1:4", b"2\n"]),
+            (b"no newline".to_vec(), Some(42))
+        );
         // Every split point.
         let full: &[u8] = b"ab\x1ecd\x1eMK1:7\ntrailing";
         for i in 0..full.len() {
-            assert_eq!(run(&[&full[..i], &full[i..]]), (b"ab\x1ecd".to_vec(), Some(7)), "split at {i}");
+            assert_eq!(
+                run(&[&full[..i], &full[i..]]),
+                (b"ab\x1ecd".to_vec(), Some(7)),
+                "split at {i}"
+            );
         }
     }
 
     #[test]
     fn near_misses_pass_through() {
-        assert_eq!(run(&[b"x\x1eMK", b"2:0\n"]), (b"x\x1eMK2:0\n".to_vec(), None));
-        assert_eq!(run(&[b"\x1eMK1:", b"123456789012345678"]), (b"\x1eMK1:123456789012345678".to_vec(), None));
+        assert_eq!(
+            run(&[b"x\x1eMK", b"2:0\n"]),
+            (b"x\x1eMK2:0\n".to_vec(), None)
+        );
+        assert_eq!(
+            run(&[b"\x1eMK1:", b"123456789012345678"]),
+            (b"\x1eMK1:123456789012345678".to_vec(), None)
+        );
         assert_eq!(run(&[b"tail\x1eM"]), (b"tail\x1eM".to_vec(), None));
     }
 }

@@ -22,12 +22,20 @@ pub fn parse_stat(s: &str) -> Option<Proc> {
     let rest = &s[s.rfind(')')? + 1..];
     let f: Vec<&str> = rest.split_whitespace().collect();
     // rest[0] is field 3 (state); ppid=4, pgrp=5, session=6, starttime=22.
-    Some(Proc { pid, ppid: f.get(1)?.parse().ok()?, pgrp: f.get(2)?.parse().ok()?, sid: f.get(3)?.parse().ok()?, start: f.get(19)?.parse().ok()? })
+    Some(Proc {
+        pid,
+        ppid: f.get(1)?.parse().ok()?,
+        pgrp: f.get(2)?.parse().ok()?,
+        sid: f.get(3)?.parse().ok()?,
+        start: f.get(19)?.parse().ok()?,
+    })
 }
 
 /// Every process visible in /proc.
 pub fn scan() -> Vec<Proc> {
-    let Ok(dir) = std::fs::read_dir("/proc") else { return Vec::new() };
+    let Ok(dir) = std::fs::read_dir("/proc") else {
+        return Vec::new();
+    };
     let mut out = Vec::new();
     for ent in dir.flatten() {
         let name = ent.file_name();
@@ -68,7 +76,11 @@ pub fn descendants(procs: &[Proc], root: i32) -> HashSet<i32> {
 /// session id, or descendants that moved to another session.
 pub fn members(procs: &[Proc], leader: i32) -> Vec<Proc> {
     let desc = descendants(procs, leader);
-    procs.iter().filter(|p| p.pid != leader && (p.sid == leader || desc.contains(&p.pid))).copied().collect()
+    procs
+        .iter()
+        .filter(|p| p.pid != leader && (p.sid == leader || desc.contains(&p.pid)))
+        .copied()
+        .collect()
 }
 
 /// Kills `victims` (and their process groups, unless the group is `protect_pgrp`).
@@ -108,12 +120,19 @@ pub fn kill_new_members(leader: i32, keep: &HashSet<(i32, u64)>) -> usize {
     let mut total = 0;
     for _ in 0..3 {
         let procs = scan();
-        let victims: Vec<Proc> = members(&procs, leader).into_iter().filter(|p| !keep.contains(&(p.pid, p.start))).collect();
+        let victims: Vec<Proc> = members(&procs, leader)
+            .into_iter()
+            .filter(|p| !keep.contains(&(p.pid, p.start)))
+            .collect();
         if victims.is_empty() {
             break;
         }
         // Groups that hold surviving older processes are not killed wholesale.
-        let mut protected: HashSet<i32> = procs.iter().filter(|p| keep.contains(&(p.pid, p.start))).map(|p| p.pgrp).collect();
+        let mut protected: HashSet<i32> = procs
+            .iter()
+            .filter(|p| keep.contains(&(p.pid, p.start)))
+            .map(|p| p.pgrp)
+            .collect();
         protected.insert(leader);
         for p in &victims {
             if !protected.contains(&p.pgrp) && p.pgrp > 1 {
@@ -130,7 +149,10 @@ pub fn kill_new_members(leader: i32, keep: &HashSet<(i32, u64)>) -> usize {
 
 /// Snapshot of a session's current members.
 pub fn snapshot(leader: i32) -> HashSet<(i32, u64)> {
-    members(&scan(), leader).into_iter().map(|p| (p.pid, p.start)).collect()
+    members(&scan(), leader)
+        .into_iter()
+        .map(|p| (p.pid, p.start))
+        .collect()
 }
 
 #[cfg(test)]
@@ -141,14 +163,35 @@ mod tests {
     fn stat_with_odd_names() {
         let s = "1234 (a b) c)) S 1 1234 1234 34816 1234 4194560 100 0 0 0 0 0 0 0 20 0 1 0 98765 1000 10 18446744073709551615";
         let p = parse_stat(s).unwrap();
-        assert_eq!(p, Proc { pid: 1234, ppid: 1, pgrp: 1234, sid: 1234, start: 98765 });
+        assert_eq!(
+            p,
+            Proc {
+                pid: 1234,
+                ppid: 1,
+                pgrp: 1234,
+                sid: 1234,
+                start: 98765
+            }
+        );
         assert!(parse_stat("garbage").is_none());
     }
 
     #[test]
     fn tree() {
-        let p = |pid, ppid, sid| Proc { pid, ppid, pgrp: pid, sid, start: 0 };
-        let procs = vec![p(10, 1, 10), p(11, 10, 10), p(12, 11, 12), p(13, 1, 10), p(20, 1, 20)];
+        let p = |pid, ppid, sid| Proc {
+            pid,
+            ppid,
+            pgrp: pid,
+            sid,
+            start: 0,
+        };
+        let procs = vec![
+            p(10, 1, 10),
+            p(11, 10, 10),
+            p(12, 11, 12),
+            p(13, 1, 10),
+            p(20, 1, 20),
+        ];
         let d = descendants(&procs, 10);
         assert_eq!(d, [11, 12].into_iter().collect());
         let mut m: Vec<i32> = members(&procs, 10).iter().map(|p| p.pid).collect();

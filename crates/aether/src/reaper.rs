@@ -21,9 +21,15 @@ pub struct ExitStatus {
 impl ExitStatus {
     pub fn from_raw(status: i32) -> Self {
         if libc::WIFSIGNALED(status) {
-            ExitStatus { code: -1, signal: Some(libc::WTERMSIG(status)) }
+            ExitStatus {
+                code: -1,
+                signal: Some(libc::WTERMSIG(status)),
+            }
         } else {
-            ExitStatus { code: libc::WEXITSTATUS(status), signal: None }
+            ExitStatus {
+                code: libc::WEXITSTATUS(status),
+                signal: None,
+            }
         }
     }
 
@@ -52,9 +58,15 @@ pub struct Reaper {
 impl Reaper {
     /// Creates the reaper and starts its thread.
     pub fn start() -> io::Result<Arc<Reaper>> {
-        let r = Arc::new(Reaper { inner: Mutex::new(Inner::default()), cv: Condvar::new() });
+        let r = Arc::new(Reaper {
+            inner: Mutex::new(Inner::default()),
+            cv: Condvar::new(),
+        });
         let r2 = r.clone();
-        std::thread::Builder::new().name("reaper".into()).stack_size(64 * 1024).spawn(move || r2.run())?;
+        std::thread::Builder::new()
+            .name("reaper".into())
+            .stack_size(64 * 1024)
+            .spawn(move || r2.run())?;
         Ok(r)
     }
 
@@ -123,7 +135,11 @@ impl Reaper {
                     if now >= d {
                         return None;
                     }
-                    g = self.cv.wait_timeout(g, d - now).unwrap_or_else(|p| p.into_inner()).0;
+                    g = self
+                        .cv
+                        .wait_timeout(g, d - now)
+                        .unwrap_or_else(|p| p.into_inner())
+                        .0;
                 }
             }
         }

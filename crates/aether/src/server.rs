@@ -67,7 +67,14 @@ pub struct Server {
 }
 
 impl Server {
-    pub fn new(w: Writer, reaper: Arc<Reaper>, user: User, base_env: BTreeMap<String, String>, run_dir: PathBuf, pid1: bool) -> Self {
+    pub fn new(
+        w: Writer,
+        reaper: Arc<Reaper>,
+        user: User,
+        base_env: BTreeMap<String, String>,
+        run_dir: PathBuf,
+        pid1: bool,
+    ) -> Self {
         Server {
             w,
             reaper,
@@ -85,9 +92,16 @@ impl Server {
 
     /// Registers a cancellable request.
     pub fn cancellable(&self, id: u64) -> std::io::Result<CancelGuard<'_>> {
-        let cancel = Arc::new(Cancel { fired: AtomicBool::new(false), efd: sys::eventfd()? });
+        let cancel = Arc::new(Cancel {
+            fired: AtomicBool::new(false),
+            efd: sys::eventfd()?,
+        });
         lock(&self.cancels).insert(id, cancel.clone());
-        Ok(CancelGuard { srv: self, id, cancel })
+        Ok(CancelGuard {
+            srv: self,
+            id,
+            cancel,
+        })
     }
 
     /// Credentials for a child running as `user`; None when no switch is needed or possible.
@@ -96,7 +110,11 @@ impl Server {
         if sys::geteuid() != 0 || (user.uid == uid && user.gid == gid) {
             return None;
         }
-        Some(sys::Creds { uid: user.uid, gid: user.gid, groups: user.groups.clone() })
+        Some(sys::Creds {
+            uid: user.uid,
+            gid: user.gid,
+            groups: user.groups.clone(),
+        })
     }
 
     /// uid/gid new files are given to (None when we cannot chown).
@@ -105,7 +123,12 @@ impl Server {
     }
 
     /// The environment of a command run as `user`: defaults, then `setup.env`, then `extra`.
-    pub fn env_map(&self, user: &User, extra: &BTreeMap<String, String>, tty: bool) -> BTreeMap<String, String> {
+    pub fn env_map(
+        &self,
+        user: &User,
+        extra: &BTreeMap<String, String>,
+        tty: bool,
+    ) -> BTreeMap<String, String> {
         let mut env = BTreeMap::new();
         env.insert("PATH".to_string(), DEFAULT_PATH.to_string());
         env.insert("HOSTNAME".to_string(), self.hostname.clone());
@@ -131,7 +154,10 @@ impl Server {
     }
 
     pub fn env_vec(env: &BTreeMap<String, String>) -> Vec<CString> {
-        env.iter().filter(|(k, _)| !k.is_empty() && !k.contains('=')).filter_map(|(k, v)| CString::new(format!("{k}={v}")).ok()).collect()
+        env.iter()
+            .filter(|(k, _)| !k.is_empty() && !k.contains('='))
+            .filter_map(|(k, v)| CString::new(format!("{k}={v}")).ok())
+            .collect()
     }
 
     /// Resolves a request path: relative paths are relative to the sandbox user's home.
@@ -169,7 +195,11 @@ impl Server {
         let me = sys::getpid();
         for _ in 0..3 {
             let all = procs::scan();
-            let victims: Vec<procs::Proc> = all.iter().filter(|p| procs::descendants(&all, me).contains(&p.pid)).copied().collect();
+            let victims: Vec<procs::Proc> = all
+                .iter()
+                .filter(|p| procs::descendants(&all, me).contains(&p.pid))
+                .copied()
+                .collect();
             if victims.is_empty() {
                 break;
             }
@@ -182,13 +212,21 @@ impl Server {
     pub fn dispatch(self: &Arc<Self>, id: u64, req: Request, body: Vec<u8>) {
         match req {
             Request::Setup(_) => {
-                self.w.error(id, AetherErrorKind::BadRequest, "setup was already done");
+                self.w
+                    .error(id, AetherErrorKind::BadRequest, "setup was already done");
             }
             Request::Ping => {
                 let sessions = lock(&self.sessions).len() as u32;
                 let all = procs::scan();
                 let processes = procs::descendants(&all, sys::getpid()).len() as u32;
-                self.w.send(id, Reply::Pong { sessions, processes }, &[]);
+                self.w.send(
+                    id,
+                    Reply::Pong {
+                        sessions,
+                        processes,
+                    },
+                    &[],
+                );
             }
             Request::Cancel { target } => {
                 if let Some(c) = lock(&self.cancels).get(&target) {
@@ -197,7 +235,11 @@ impl Server {
                 }
                 self.w.send(id, Reply::Done, &[]);
             }
-            Request::WriteBegin { path, mode, make_parents } => files::write_begin(self, id, &path, mode, make_parents),
+            Request::WriteBegin {
+                path,
+                mode,
+                make_parents,
+            } => files::write_begin(self, id, &path, mode, make_parents),
             Request::WriteChunk => files::write_chunk(self, id, &body),
             Request::WriteEnd => files::write_end(self, id),
             Request::TtyInput { target } => tty::input(self, id, target, body),
@@ -206,13 +248,26 @@ impl Server {
                 chronus::close(self, &session);
                 self.w.send(id, Reply::Done, &[]);
             }
-            Request::TtyOpen { rows, cols, cmd, env } => {
-                let Some(slave) = tty::prepare(self, id, rows, cols) else { return };
+            Request::TtyOpen {
+                rows,
+                cols,
+                cmd,
+                env,
+            } => {
+                let Some(slave) = tty::prepare(self, id, rows, cols) else {
+                    return;
+                };
                 let srv = self.clone();
-                let spawned = std::thread::Builder::new().stack_size(THREAD_STACK).spawn(move || tty::open(&srv, id, slave, cmd, env));
+                let spawned = std::thread::Builder::new()
+                    .stack_size(THREAD_STACK)
+                    .spawn(move || tty::open(&srv, id, slave, cmd, env));
                 if let Err(e) = spawned {
                     lock(&self.ttys).remove(&id);
-                    self.w.error(id, AetherErrorKind::Internal, format!("start a thread for request {id}: {e}"));
+                    self.w.error(
+                        id,
+                        AetherErrorKind::Internal,
+                        format!("start a thread for request {id}: {e}"),
+                    );
                 }
             }
             Request::Shutdown => {
@@ -222,12 +277,19 @@ impl Server {
             }
             other => {
                 let srv = self.clone();
-                let spawned = std::thread::Builder::new().stack_size(THREAD_STACK).spawn(move || {
-                    srv.handle_slow(id, other, body);
-                    sys::trim_heap();
-                });
+                let spawned =
+                    std::thread::Builder::new()
+                        .stack_size(THREAD_STACK)
+                        .spawn(move || {
+                            srv.handle_slow(id, other, body);
+                            sys::trim_heap();
+                        });
                 if let Err(e) = spawned {
-                    self.w.error(id, AetherErrorKind::Internal, format!("start a thread for request {id}: {e}"));
+                    self.w.error(
+                        id,
+                        AetherErrorKind::Internal,
+                        format!("start a thread for request {id}: {e}"),
+                    );
                 }
             }
         }
@@ -235,19 +297,62 @@ impl Server {
 
     fn handle_slow(self: &Arc<Self>, id: u64, req: Request, body: Vec<u8>) {
         match req {
-            Request::RunShell { session, cmd, timeout_ms, env, cwd, max_output, stream } => {
-                chronus::run(self, id, chronus::RunArgs { session, cmd, timeout_ms, env, cwd, max_output, stream }, body)
-            }
-            Request::Exec { argv, timeout_ms, env, cwd, user, max_output, stream } => {
-                exec::run(self, id, exec::ExecArgs { argv, timeout_ms, env, cwd, user, max_output, stream }, body)
-            }
+            Request::RunShell {
+                session,
+                cmd,
+                timeout_ms,
+                env,
+                cwd,
+                max_output,
+                stream,
+            } => chronus::run(
+                self,
+                id,
+                chronus::RunArgs {
+                    session,
+                    cmd,
+                    timeout_ms,
+                    env,
+                    cwd,
+                    max_output,
+                    stream,
+                },
+                body,
+            ),
+            Request::Exec {
+                argv,
+                timeout_ms,
+                env,
+                cwd,
+                user,
+                max_output,
+                stream,
+            } => exec::run(
+                self,
+                id,
+                exec::ExecArgs {
+                    argv,
+                    timeout_ms,
+                    env,
+                    cwd,
+                    user,
+                    max_output,
+                    stream,
+                },
+                body,
+            ),
             Request::ReadFile { path } => files::read_file(self, id, &path),
             Request::ListDir { path } => files::list_dir(self, id, &path),
             Request::Stat { path } => files::stat(self, id, &path),
             Request::Remove { path, recursive } => files::remove(self, id, &path, recursive),
-            Request::Mkdir { path, mode, parents } => files::mkdir(self, id, &path, mode, parents),
+            Request::Mkdir {
+                path,
+                mode,
+                parents,
+            } => files::mkdir(self, id, &path, mode, parents),
             _ => {
-                self.w.error(id, AetherErrorKind::BadRequest, "unexpected request");
+                self.w
+                    .error(id, AetherErrorKind::BadRequest, "unexpected request");
             }
         }
     }

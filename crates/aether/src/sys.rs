@@ -24,7 +24,8 @@ pub fn pipe() -> io::Result<(OwnedFd, OwnedFd)> {
 /// A non-blocking, close-on-exec eventfd used to wake a poll loop.
 pub fn eventfd() -> io::Result<OwnedFd> {
     // SAFETY: eventfd takes no pointers; the returned fd is owned by nobody else.
-    let fd = check(unsafe { libc::eventfd(0, libc::EFD_CLOEXEC | libc::EFD_NONBLOCK) } as libc::c_long)?;
+    let fd =
+        check(unsafe { libc::eventfd(0, libc::EFD_CLOEXEC | libc::EFD_NONBLOCK) } as libc::c_long)?;
     // SAFETY: `fd` is a fresh descriptor we own.
     Ok(unsafe { OwnedFd::from_raw_fd(fd as RawFd) })
 }
@@ -61,7 +62,11 @@ pub fn poll(fds: &mut [libc::pollfd], timeout_ms: i32) -> io::Result<usize> {
 
 /// True if `fd` is readable right now (or hung up).
 pub fn readable_now(fd: RawFd) -> bool {
-    let mut p = [libc::pollfd { fd, events: libc::POLLIN, revents: 0 }];
+    let mut p = [libc::pollfd {
+        fd,
+        events: libc::POLLIN,
+        revents: 0,
+    }];
     matches!(poll(&mut p, 0), Ok(1))
 }
 
@@ -90,7 +95,11 @@ pub fn write_all(fd: RawFd, mut buf: &[u8]) -> io::Result<()> {
             match e.kind() {
                 io::ErrorKind::Interrupted => continue,
                 io::ErrorKind::WouldBlock => {
-                    let mut p = [libc::pollfd { fd, events: libc::POLLOUT, revents: 0 }];
+                    let mut p = [libc::pollfd {
+                        fd,
+                        events: libc::POLLOUT,
+                        revents: 0,
+                    }];
                     poll(&mut p, 1000)?;
                     continue;
                 }
@@ -148,7 +157,15 @@ pub fn ensure_std_fds() {
 
 /// Ignores the signals aether itself must survive, and SIGPIPE (we want EPIPE instead).
 pub fn ignore_signals() {
-    for sig in [libc::SIGTERM, libc::SIGINT, libc::SIGHUP, libc::SIGPIPE, libc::SIGQUIT, libc::SIGTTOU, libc::SIGTTIN] {
+    for sig in [
+        libc::SIGTERM,
+        libc::SIGINT,
+        libc::SIGHUP,
+        libc::SIGPIPE,
+        libc::SIGQUIT,
+        libc::SIGTTOU,
+        libc::SIGTTIN,
+    ] {
         // SAFETY: SIG_IGN is a valid disposition for these catchable signals.
         unsafe { libc::signal(sig, libc::SIG_IGN) };
     }
@@ -225,7 +242,12 @@ impl std::fmt::Display for SpawnError {
 
 /// Converts a string into a CString, refusing interior NULs.
 pub fn cstr(s: &str) -> io::Result<CString> {
-    CString::new(s).map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, format!("{s:?} contains a NUL byte")))
+    CString::new(s).map_err(|_| {
+        io::Error::new(
+            io::ErrorKind::InvalidInput,
+            format!("{s:?} contains a NUL byte"),
+        )
+    })
 }
 
 /// Finds `name` the way a shell would: a name with a slash is used as is, else each PATH entry
@@ -253,16 +275,26 @@ pub fn resolve_in_path(name: &str, path_var: &str) -> Option<String> {
 /// Forks and execs `spec` in a new session, registering the child with `reaper` before it can be
 /// reaped. On failure in the child, reports which step failed and its errno.
 pub fn spawn(reaper: &Reaper, spec: &SpawnSpec) -> Result<i32, SpawnError> {
-    let fork_err = |err| SpawnError { stage: Stage::Fork, err };
+    let fork_err = |err| SpawnError {
+        stage: Stage::Fork,
+        err,
+    };
     // Everything the child touches is prepared here: after fork it may not allocate.
     let mut argv: Vec<*const libc::c_char> = spec.argv.iter().map(|a| a.as_ptr()).collect();
     argv.push(std::ptr::null());
     let mut envp: Vec<*const libc::c_char> = spec.envp.iter().map(|a| a.as_ptr()).collect();
     envp.push(std::ptr::null());
-    let groups: Vec<libc::gid_t> = spec.creds.as_ref().map(|c| c.groups.clone()).unwrap_or_default();
+    let groups: Vec<libc::gid_t> = spec
+        .creds
+        .as_ref()
+        .map(|c| c.groups.clone())
+        .unwrap_or_default();
     let (err_r, err_w) = pipe().map_err(fork_err)?;
     if spec.stdio.iter().any(|&fd| fd < 3) {
-        return Err(fork_err(io::Error::new(io::ErrorKind::InvalidInput, "stdio fds must be >= 3")));
+        return Err(fork_err(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            "stdio fds must be >= 3",
+        )));
     }
     let child = ChildArgs {
         path: spec.path.as_ptr(),
@@ -315,7 +347,10 @@ pub fn spawn(reaper: &Reaper, spec: &SpawnSpec) -> Result<i32, SpawnError> {
         _ => Stage::Exec,
     };
     let errno = i32::from_ne_bytes([buf[4], buf[5], buf[6], buf[7]]);
-    Err(SpawnError { stage, err: io::Error::from_raw_os_error(errno) })
+    Err(SpawnError {
+        stage,
+        err: io::Error::from_raw_os_error(errno),
+    })
 }
 
 struct ChildArgs {
@@ -381,7 +416,12 @@ unsafe fn child_main(a: &ChildArgs) -> ! {
             fail(5);
         }
         // Every inherited fd above 2 (including other requests' pipes) closes at exec.
-        libc::syscall(libc::SYS_close_range, 3u32, u32::MAX, libc::CLOSE_RANGE_CLOEXEC);
+        libc::syscall(
+            libc::SYS_close_range,
+            3u32,
+            u32::MAX,
+            libc::CLOSE_RANGE_CLOEXEC,
+        );
         libc::execve(a.path, a.argv, a.envp);
         fail(6)
     }
@@ -391,9 +431,22 @@ unsafe fn child_main(a: &ChildArgs) -> ! {
 pub fn openpty(rows: u16, cols: u16) -> io::Result<(OwnedFd, OwnedFd)> {
     let mut master: libc::c_int = -1;
     let mut slave: libc::c_int = -1;
-    let ws = libc::winsize { ws_row: rows, ws_col: cols, ws_xpixel: 0, ws_ypixel: 0 };
+    let ws = libc::winsize {
+        ws_row: rows,
+        ws_col: cols,
+        ws_xpixel: 0,
+        ws_ypixel: 0,
+    };
     // SAFETY: out-pointers are valid ints; name is NULL; termios NULL; winsize valid.
-    let r = unsafe { libc::openpty(&mut master, &mut slave, std::ptr::null_mut(), std::ptr::null(), &ws) };
+    let r = unsafe {
+        libc::openpty(
+            &mut master,
+            &mut slave,
+            std::ptr::null_mut(),
+            std::ptr::null(),
+            &ws,
+        )
+    };
     if r < 0 {
         return Err(io::Error::last_os_error());
     }
@@ -408,7 +461,12 @@ pub fn openpty(rows: u16, cols: u16) -> io::Result<(OwnedFd, OwnedFd)> {
 
 /// Sets a terminal's window size.
 pub fn set_winsize(fd: RawFd, rows: u16, cols: u16) -> io::Result<()> {
-    let ws = libc::winsize { ws_row: rows, ws_col: cols, ws_xpixel: 0, ws_ypixel: 0 };
+    let ws = libc::winsize {
+        ws_row: rows,
+        ws_col: cols,
+        ws_xpixel: 0,
+        ws_ypixel: 0,
+    };
     // SAFETY: TIOCSWINSZ reads a winsize from a valid pointer.
     check(unsafe { libc::ioctl(fd, libc::TIOCSWINSZ, &ws) } as libc::c_long)?;
     Ok(())
@@ -445,5 +503,8 @@ pub fn getpid() -> i32 {
 
 /// The kernel hostname (of our UTS namespace).
 pub fn hostname() -> String {
-    nix::unistd::gethostname().ok().and_then(|h| h.into_string().ok()).unwrap_or_default()
+    nix::unistd::gethostname()
+        .ok()
+        .and_then(|h| h.into_string().ok())
+        .unwrap_or_default()
 }

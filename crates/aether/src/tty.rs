@@ -30,7 +30,11 @@ pub fn input(srv: &Server, id: u64, target: u64, body: Vec<u8>) {
             srv.w.send(id, Reply::Done, &[]);
         }
         None => {
-            srv.w.error(id, AetherErrorKind::NotFound, format!("no open tty for request {target}"));
+            srv.w.error(
+                id,
+                AetherErrorKind::NotFound,
+                format!("no open tty for request {target}"),
+            );
         }
     }
 }
@@ -42,21 +46,35 @@ pub fn resize(srv: &Server, id: u64, target: u64, rows: u16, cols: u16) {
             srv.w.send(id, Reply::Done, &[]);
         }
         Some(Err(e)) => {
-            srv.w.error(id, AetherErrorKind::Internal, format!("resize tty {target}: {e}"));
+            srv.w.error(
+                id,
+                AetherErrorKind::Internal,
+                format!("resize tty {target}: {e}"),
+            );
         }
         None => {
-            srv.w.error(id, AetherErrorKind::NotFound, format!("no open tty for request {target}"));
+            srv.w.error(
+                id,
+                AetherErrorKind::NotFound,
+                format!("no open tty for request {target}"),
+            );
         }
     }
 }
 
-fn spawn_shell(srv: &Server, slave: &OwnedFd, cmd: Option<Vec<String>>, env: &BTreeMap<String, String>) -> Result<i32, String> {
+fn spawn_shell(
+    srv: &Server,
+    slave: &OwnedFd,
+    cmd: Option<Vec<String>>,
+    env: &BTreeMap<String, String>,
+) -> Result<i32, String> {
     let user = &srv.user;
     let env = srv.env_map(user, env, true);
     let (path, argv) = match cmd {
         Some(argv) if !argv.is_empty() => {
             let path_var = env.get("PATH").cloned().unwrap_or_default();
-            let path = sys::resolve_in_path(&argv[0], &path_var).ok_or_else(|| format!("{}: command not found", argv[0]))?;
+            let path = sys::resolve_in_path(&argv[0], &path_var)
+                .ok_or_else(|| format!("{}: command not found", argv[0]))?;
             (path, argv)
         }
         _ => {
@@ -75,7 +93,11 @@ fn spawn_shell(srv: &Server, slave: &OwnedFd, cmd: Option<Vec<String>>, env: &BT
     let cwd = srv.start_dir(user, None);
     let spec = SpawnSpec {
         path: sys::cstr(&path).map_err(|e| e.to_string())?,
-        argv: argv.iter().map(|a| sys::cstr(a)).collect::<Result<_, _>>().map_err(|e| e.to_string())?,
+        argv: argv
+            .iter()
+            .map(|a| sys::cstr(a))
+            .collect::<Result<_, _>>()
+            .map_err(|e| e.to_string())?,
         envp: Server::env_vec(&env),
         cwd: Some(sys::cstr(&cwd.to_string_lossy()).map_err(|e| e.to_string())?),
         creds: srv.creds_for(user),
@@ -91,7 +113,8 @@ pub fn prepare(srv: &Server, id: u64, rows: u16, cols: u16) -> Option<OwnedFd> {
     let (master, slave) = match sys::openpty(rows.max(1), cols.max(1)) {
         Ok(p) => p,
         Err(e) => {
-            srv.w.error(id, AetherErrorKind::Internal, format!("open a pty: {e}"));
+            srv.w
+                .error(id, AetherErrorKind::Internal, format!("open a pty: {e}"));
             return None;
         }
     };
@@ -99,33 +122,59 @@ pub fn prepare(srv: &Server, id: u64, rows: u16, cols: u16) -> Option<OwnedFd> {
     let writer_fd = match master.try_clone() {
         Ok(fd) => fd,
         Err(e) => {
-            srv.w.error(id, AetherErrorKind::Internal, format!("tty: dup master: {e}"));
+            srv.w.error(
+                id,
+                AetherErrorKind::Internal,
+                format!("tty: dup master: {e}"),
+            );
             return None;
         }
     };
-    let spawned = std::thread::Builder::new().name("tty-in".into()).stack_size(64 * 1024).spawn(move || {
-        for keys in rx {
-            if sys::write_all(writer_fd.as_raw_fd(), &keys).is_err() {
-                break;
+    let spawned = std::thread::Builder::new()
+        .name("tty-in".into())
+        .stack_size(64 * 1024)
+        .spawn(move || {
+            for keys in rx {
+                if sys::write_all(writer_fd.as_raw_fd(), &keys).is_err() {
+                    break;
+                }
             }
-        }
-    });
+        });
     if let Err(e) = spawned {
-        srv.w.error(id, AetherErrorKind::Internal, format!("tty: input thread: {e}"));
+        srv.w.error(
+            id,
+            AetherErrorKind::Internal,
+            format!("tty: input thread: {e}"),
+        );
         return None;
     }
-    lock(&srv.ttys).insert(id, Arc::new(Tty { master, input: Mutex::new(tx) }));
+    lock(&srv.ttys).insert(
+        id,
+        Arc::new(Tty {
+            master,
+            input: Mutex::new(tx),
+        }),
+    );
     Some(slave)
 }
 
 /// Starts the shell on the prepared pty and relays its output until it exits.
-pub fn open(srv: &Server, id: u64, slave: OwnedFd, cmd: Option<Vec<String>>, env: BTreeMap<String, String>) {
-    let Some(tty) = lock(&srv.ttys).get(&id).cloned() else { return };
+pub fn open(
+    srv: &Server,
+    id: u64,
+    slave: OwnedFd,
+    cmd: Option<Vec<String>>,
+    env: BTreeMap<String, String>,
+) {
+    let Some(tty) = lock(&srv.ttys).get(&id).cloned() else {
+        return;
+    };
     let guard = match srv.cancellable(id) {
         Ok(g) => g,
         Err(e) => {
             lock(&srv.ttys).remove(&id);
-            srv.w.error(id, AetherErrorKind::Internal, format!("tty: eventfd: {e}"));
+            srv.w
+                .error(id, AetherErrorKind::Internal, format!("tty: eventfd: {e}"));
             return;
         }
     };
@@ -133,7 +182,8 @@ pub fn open(srv: &Server, id: u64, slave: OwnedFd, cmd: Option<Vec<String>>, env
         Ok(pid) => pid,
         Err(msg) => {
             lock(&srv.ttys).remove(&id);
-            srv.w.error(id, AetherErrorKind::BadRequest, format!("tty: {msg}"));
+            srv.w
+                .error(id, AetherErrorKind::BadRequest, format!("tty: {msg}"));
             return;
         }
     };
@@ -143,9 +193,24 @@ pub fn open(srv: &Server, id: u64, slave: OwnedFd, cmd: Option<Vec<String>>, env
     let mut buf = vec![0u8; CHUNK.min(64 * 1024)];
     let mut exited_at: Option<Instant> = None;
     loop {
-        let mut pfds = vec![libc::pollfd { fd: mfd, events: libc::POLLIN, revents: 0 }, libc::pollfd { fd: guard.cancel.fd(), events: libc::POLLIN, revents: 0 }];
+        let mut pfds = vec![
+            libc::pollfd {
+                fd: mfd,
+                events: libc::POLLIN,
+                revents: 0,
+            },
+            libc::pollfd {
+                fd: guard.cancel.fd(),
+                events: libc::POLLIN,
+                revents: 0,
+            },
+        ];
         if let (Some(p), None) = (&pidfd, exited_at) {
-            pfds.push(libc::pollfd { fd: p.as_raw_fd(), events: libc::POLLIN, revents: 0 });
+            pfds.push(libc::pollfd {
+                fd: p.as_raw_fd(),
+                events: libc::POLLIN,
+                revents: 0,
+            });
         }
         // After the shell exited, drain for a moment only (its children may keep the pty open).
         let timeout = match exited_at {
@@ -169,7 +234,13 @@ pub fn open(srv: &Server, id: u64, slave: OwnedFd, cmd: Option<Vec<String>>, env
             match sys::read(mfd, &mut buf) {
                 Ok(0) | Err(_) => break, // EIO: every slave fd is closed
                 Ok(n) => {
-                    if !srv.w.send(id, Reply::Output { stream: Stream::Tty }, &buf[..n]) {
+                    if !srv.w.send(
+                        id,
+                        Reply::Output {
+                            stream: Stream::Tty,
+                        },
+                        &buf[..n],
+                    ) {
                         break;
                     }
                 }

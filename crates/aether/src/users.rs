@@ -37,7 +37,13 @@ fn parse_passwd_line(line: &str) -> Option<PasswdEntry<'_>> {
     if f.len() < 7 || line.starts_with('#') {
         return None;
     }
-    Some(PasswdEntry { name: f[0], uid: f[2].parse().ok()?, gid: f[3].parse().ok()?, home: f[5], shell: f[6] })
+    Some(PasswdEntry {
+        name: f[0],
+        uid: f[2].parse().ok()?,
+        gid: f[3].parse().ok()?,
+        home: f[5],
+        shell: f[6],
+    })
 }
 
 /// Finds `spec` (a name, or a numeric uid) in passwd/group contents. A numeric uid missing from
@@ -45,12 +51,21 @@ fn parse_passwd_line(line: &str) -> Option<PasswdEntry<'_>> {
 pub fn resolve(spec: &str, passwd: &str, group: &str) -> Result<User, UnknownUser> {
     let spec = spec.trim();
     let by_uid: Option<u32> = spec.parse().ok();
-    let found = passwd.lines().filter_map(parse_passwd_line).find(|e| match by_uid {
-        Some(u) => e.uid == u,
-        None => e.name == spec,
-    });
+    let found = passwd
+        .lines()
+        .filter_map(parse_passwd_line)
+        .find(|e| match by_uid {
+            Some(u) => e.uid == u,
+            None => e.name == spec,
+        });
     let (name, uid, gid, home, shell) = match (found, by_uid) {
-        (Some(e), _) => (e.name.to_string(), e.uid, e.gid, e.home.to_string(), e.shell.to_string()),
+        (Some(e), _) => (
+            e.name.to_string(),
+            e.uid,
+            e.gid,
+            e.home.to_string(),
+            e.shell.to_string(),
+        ),
         (None, Some(u)) => (u.to_string(), u, u, "/".to_string(), String::new()),
         (None, None) => return Err(UnknownUser(spec.to_string())),
     };
@@ -65,8 +80,19 @@ pub fn resolve(spec: &str, passwd: &str, group: &str) -> Result<User, UnknownUse
             groups.push(g);
         }
     }
-    let home = if home.is_empty() { "/".to_string() } else { home };
-    Ok(User { name, uid, gid, groups, home, shell })
+    let home = if home.is_empty() {
+        "/".to_string()
+    } else {
+        home
+    };
+    Ok(User {
+        name,
+        uid,
+        gid,
+        groups,
+        home,
+        shell,
+    })
 }
 
 /// Resolves against the files of the current root.
@@ -104,7 +130,8 @@ mod tests {
     use super::*;
 
     const PASSWD: &str = "root:x:0:0:root:/root:/bin/bash\n# comment\nbroken line\nalice:x:1000:1000:Alice,,,:/home/alice:/bin/zsh\nnohome:x:1001:1001:::\n";
-    const GROUP: &str = "root:x:0:\nwheel:x:10:alice,bob\nalice:x:1000:\ndocker:x:999:bob, alice\nbad:x:zz:alice\n";
+    const GROUP: &str =
+        "root:x:0:\nwheel:x:10:alice,bob\nalice:x:1000:\ndocker:x:999:bob, alice\nbad:x:zz:alice\n";
 
     #[test]
     fn by_name_with_groups() {

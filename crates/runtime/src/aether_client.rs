@@ -117,7 +117,10 @@ impl Call {
             }
             None if self.stalled.load(Ordering::SeqCst) => {
                 self.done = true;
-                Err(ChannelError::Protocol(format!("call {} dropped: its replies were not consumed for {STALL_LIMIT:?}", self.id)))
+                Err(ChannelError::Protocol(format!(
+                    "call {} dropped: its replies were not consumed for {STALL_LIMIT:?}",
+                    self.id
+                )))
             }
             None => {
                 self.done = true;
@@ -147,10 +150,13 @@ async fn read_frame<R: AsyncRead + Unpin>(r: &mut R) -> Result<(Envelope, Bytes)
     let mut prefix = [0u8; 8];
     match r.read_exact(&mut prefix).await {
         Ok(_) => {}
-        Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => return Err(ChannelError::Closed),
+        Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => {
+            return Err(ChannelError::Closed)
+        }
         Err(e) => return Err(e.into()),
     }
-    let (hlen, blen) = aether::parse_prefix(prefix).map_err(|e| ChannelError::Protocol(e.to_string()))?;
+    let (hlen, blen) =
+        aether::parse_prefix(prefix).map_err(|e| ChannelError::Protocol(e.to_string()))?;
     let mut header = vec![0u8; hlen];
     r.read_exact(&mut header).await?;
     let mut body = BytesMut::zeroed(blen);
@@ -184,20 +190,24 @@ async fn reader<R: AsyncRead + Unpin>(mut r: R, inner: Arc<Inner>) {
         let terminal = reply.is_terminal();
         let slot = {
             let calls = inner.lock_calls();
-            calls.get(&env.id).map(|s| (s.tx.clone(), s.stalled.clone()))
+            calls
+                .get(&env.id)
+                .map(|s| (s.tx.clone(), s.stalled.clone()))
         };
         let Some((tx, stalled)) = slot else { continue };
         let delivered = match tx.try_send((reply, body)) {
             Ok(()) => true,
             Err(mpsc::error::TrySendError::Closed(_)) => false,
-            Err(mpsc::error::TrySendError::Full(item)) => match tokio::time::timeout(STALL_LIMIT, tx.send(item)).await {
-                Ok(Ok(())) => true,
-                Ok(Err(_)) => false,
-                Err(_) => {
-                    stalled.store(true, Ordering::SeqCst);
-                    false
+            Err(mpsc::error::TrySendError::Full(item)) => {
+                match tokio::time::timeout(STALL_LIMIT, tx.send(item)).await {
+                    Ok(Ok(())) => true,
+                    Ok(Err(_)) => false,
+                    Err(_) => {
+                        stalled.store(true, Ordering::SeqCst);
+                        false
+                    }
                 }
-            },
+            }
         };
         if terminal || !delivered {
             inner.lock_calls().remove(&env.id);
@@ -230,12 +240,21 @@ impl AetherClient {
 
     async fn write_frame(&self, id: u64, req: Request, body: &[u8]) -> Result<(), ChannelError> {
         if body.len() > MAX_BODY as usize {
-            return Err(ChannelError::Protocol(format!("request body of {} bytes exceeds the {MAX_BODY}-byte frame limit", body.len())));
+            return Err(ChannelError::Protocol(format!(
+                "request body of {} bytes exceeds the {MAX_BODY}-byte frame limit",
+                body.len()
+            )));
         }
         if self.is_closed() {
             return Err(ChannelError::Closed);
         }
-        let frame = aether::encode_frame(&Envelope { id, msg: Msg::Request(req) }, body);
+        let frame = aether::encode_frame(
+            &Envelope {
+                id,
+                msg: Msg::Request(req),
+            },
+            body,
+        );
         let mut w = self.inner.writer.lock().await;
         let res = async {
             w.write_all(&frame).await?;
@@ -244,7 +263,10 @@ impl AetherClient {
         .await;
         if let Err(e) = res {
             drop(w);
-            if matches!(e.kind(), std::io::ErrorKind::BrokenPipe | std::io::ErrorKind::ConnectionReset) {
+            if matches!(
+                e.kind(),
+                std::io::ErrorKind::BrokenPipe | std::io::ErrorKind::ConnectionReset
+            ) {
                 self.inner.mark_closed();
                 return Err(ChannelError::Closed);
             }
@@ -263,9 +285,21 @@ impl AetherClient {
             if self.inner.closed.load(Ordering::SeqCst) {
                 return Err(ChannelError::Closed);
             }
-            calls.insert(id, Slot { tx, stalled: stalled.clone() });
+            calls.insert(
+                id,
+                Slot {
+                    tx,
+                    stalled: stalled.clone(),
+                },
+            );
         }
-        let call = Call { id, rx, stalled, done: false, inner: Arc::downgrade(&self.inner) };
+        let call = Call {
+            id,
+            rx,
+            stalled,
+            done: false,
+            inner: Arc::downgrade(&self.inner),
+        };
         self.write_frame(id, req, &body).await?;
         Ok(call)
     }
@@ -336,21 +370,33 @@ pub async fn collect(mut call: Call) -> Result<(Reply, Bytes), ChannelError> {
             _ => {}
         }
     }
-    Err(ChannelError::Protocol(format!("call {} ended without a terminal reply", call.id())))
+    Err(ChannelError::Protocol(format!(
+        "call {} ended without a terminal reply",
+        call.id()
+    )))
 }
 
 /// Splits a `CommandDone` body into stdout and stderr.
 pub fn command_output(reply: Reply, body: Bytes) -> Result<CommandOutput, ChannelError> {
     let Reply::CommandDone(outcome) = reply else {
-        return Err(ChannelError::Protocol(format!("expected command_done, got {reply:?}")));
+        return Err(ChannelError::Protocol(format!(
+            "expected command_done, got {reply:?}"
+        )));
     };
     let (o, e) = (outcome.stdout_len as usize, outcome.stderr_len as usize);
     if o.checked_add(e) != Some(body.len()) {
-        return Err(ChannelError::Protocol(format!("command_done says {o}+{e} output bytes but the body has {}", body.len())));
+        return Err(ChannelError::Protocol(format!(
+            "command_done says {o}+{e} output bytes but the body has {}",
+            body.len()
+        )));
     }
     let stdout = body.slice(..o);
     let stderr = body.slice(o..);
-    Ok(CommandOutput { outcome, stdout, stderr })
+    Ok(CommandOutput {
+        outcome,
+        stdout,
+        stderr,
+    })
 }
 
 #[cfg(test)]
@@ -358,9 +404,19 @@ mod tests {
     use super::*;
     use dsec_wire::aether::{AetherError, AetherErrorKind};
 
-    async fn reply_frames(peer: &mut tokio::net::UnixStream, id: u64, replies: Vec<(Reply, &[u8])>) {
+    async fn reply_frames(
+        peer: &mut tokio::net::UnixStream,
+        id: u64,
+        replies: Vec<(Reply, &[u8])>,
+    ) {
         for (r, b) in replies {
-            let f = aether::encode_frame(&Envelope { id, msg: Msg::Reply(r) }, b);
+            let f = aether::encode_frame(
+                &Envelope {
+                    id,
+                    msg: Msg::Reply(r),
+                },
+                b,
+            );
             peer.write_all(&f).await.unwrap();
         }
     }
@@ -378,18 +434,47 @@ mod tests {
         let (a, mut peer) = tokio::net::UnixStream::pair().unwrap();
         let client = AetherClient::new(a);
         let c2 = client.clone();
-        let t = tokio::spawn(async move { c2.request(Request::ReadFile { path: "/x".into() }, Bytes::new()).await });
+        let t = tokio::spawn(async move {
+            c2.request(Request::ReadFile { path: "/x".into() }, Bytes::new())
+                .await
+        });
         let (id, _, _) = read_request(&mut peer).await;
         reply_frames(&mut peer, 999, vec![(Reply::Done, b"")]).await; // unknown id: ignored
-        reply_frames(&mut peer, id, vec![(Reply::Data, b"ab"), (Reply::Data, b"cd"), (Reply::FileEnd { size: 4, mode: 0o644 }, b"")]).await;
+        reply_frames(
+            &mut peer,
+            id,
+            vec![
+                (Reply::Data, b"ab"),
+                (Reply::Data, b"cd"),
+                (
+                    Reply::FileEnd {
+                        size: 4,
+                        mode: 0o644,
+                    },
+                    b"",
+                ),
+            ],
+        )
+        .await;
         let (r, body) = t.await.unwrap().unwrap();
         assert!(matches!(r, Reply::FileEnd { size: 4, .. }));
         assert_eq!(&body[..], b"abcd");
 
         let c2 = client.clone();
-        let t = tokio::spawn(async move { c2.request(Request::Stat { path: "/nope".into() }, Bytes::new()).await });
+        let t = tokio::spawn(async move {
+            c2.request(
+                Request::Stat {
+                    path: "/nope".into(),
+                },
+                Bytes::new(),
+            )
+            .await
+        });
         let (id, _, _) = read_request(&mut peer).await;
-        let err = AetherError { kind: AetherErrorKind::NotFound, message: "stat /nope".into() };
+        let err = AetherError {
+            kind: AetherErrorKind::NotFound,
+            message: "stat /nope".into(),
+        };
         reply_frames(&mut peer, id, vec![(Reply::Error(err.clone()), b"")]).await;
         assert!(matches!(t.await.unwrap(), Err(ChannelError::Aether(e)) if e == err));
     }
@@ -398,21 +483,43 @@ mod tests {
     async fn close_fails_pending_calls() {
         let (a, mut peer) = tokio::net::UnixStream::pair().unwrap();
         let client = AetherClient::new(a);
-        reply_frames(&mut peer, 0, vec![(Reply::Ready { pid_in_host: None, aether_version: "t".into() }, b"")]).await;
-        assert!(matches!(client.wait_ready().await.unwrap(), Reply::Ready { .. }));
+        reply_frames(
+            &mut peer,
+            0,
+            vec![(
+                Reply::Ready {
+                    pid_in_host: None,
+                    aether_version: "t".into(),
+                },
+                b"",
+            )],
+        )
+        .await;
+        assert!(matches!(
+            client.wait_ready().await.unwrap(),
+            Reply::Ready { .. }
+        ));
         let mut call = client.call(Request::Ping, Bytes::new()).await.unwrap();
         let _ = read_request(&mut peer).await;
         drop(peer);
         assert!(matches!(call.next().await, Err(ChannelError::Closed)));
         client.closed().await;
         assert!(client.is_closed());
-        assert!(matches!(client.call(Request::Ping, Bytes::new()).await, Err(ChannelError::Closed)));
+        assert!(matches!(
+            client.call(Request::Ping, Bytes::new()).await,
+            Err(ChannelError::Closed)
+        ));
     }
 
     #[test]
     fn split_output() {
-        let out = CommandOutcome { stdout_len: 2, stderr_len: 1, ..Default::default() };
-        let o = command_output(Reply::CommandDone(out.clone()), Bytes::from_static(b"abc")).unwrap();
+        let out = CommandOutcome {
+            stdout_len: 2,
+            stderr_len: 1,
+            ..Default::default()
+        };
+        let o =
+            command_output(Reply::CommandDone(out.clone()), Bytes::from_static(b"abc")).unwrap();
         assert_eq!((&o.stdout[..], &o.stderr[..]), (&b"ab"[..], &b"c"[..]));
         assert!(command_output(Reply::CommandDone(out), Bytes::from_static(b"ab")).is_err());
     }

@@ -19,10 +19,14 @@ fn aether_path() -> Option<PathBuf> {
         return Some(PathBuf::from(p));
     }
     let root = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../..");
-    ["target/debug/dsec-aether", "target/release/dsec-aether", "target/x86_64-unknown-linux-gnu/release/dsec-aether"]
-        .iter()
-        .map(|p| root.join(p))
-        .find(|p| p.exists())
+    [
+        "target/debug/dsec-aether",
+        "target/release/dsec-aether",
+        "target/x86_64-unknown-linux-gnu/release/dsec-aether",
+    ]
+    .iter()
+    .map(|p| root.join(p))
+    .find(|p| p.exists())
 }
 
 struct Aether {
@@ -48,7 +52,9 @@ impl Drop for Aether {
 /// Starts aether in bare mode with one end of a socketpair as its fd 3.
 async fn start() -> Option<Aether> {
     let Some(path) = aether_path() else {
-        eprintln!("SKIP: dsec-aether is not built (cargo build -p dsec-aether) and DSEC_AETHER is unset");
+        eprintln!(
+            "SKIP: dsec-aether is not built (cargo build -p dsec-aether) and DSEC_AETHER is unset"
+        );
         return None;
     };
     let (ours, theirs) = std::os::unix::net::UnixStream::pair().expect("socketpair");
@@ -70,21 +76,48 @@ async fn start() -> Option<Aether> {
     ours.set_nonblocking(true).unwrap();
     let ctl = ours.try_clone().unwrap();
     let client = AetherClient::new(tokio::net::UnixStream::from_std(ours).unwrap());
-    let ready = tokio::time::timeout(Duration::from_secs(10), client.wait_ready()).await.expect("ready in time").expect("ready");
+    let ready = tokio::time::timeout(Duration::from_secs(10), client.wait_ready())
+        .await
+        .expect("ready in time")
+        .expect("ready");
     assert!(matches!(ready, Reply::Ready { .. }), "{ready:?}");
     Some(Aether { child, client, ctl })
 }
 
 fn shell(session: &str, cmd: &str) -> Request {
-    Request::RunShell { session: session.into(), cmd: cmd.into(), timeout_ms: 20_000, env: BTreeMap::new(), cwd: None, max_output: 1 << 20, stream: false }
+    Request::RunShell {
+        session: session.into(),
+        cmd: cmd.into(),
+        timeout_ms: 20_000,
+        env: BTreeMap::new(),
+        cwd: None,
+        max_output: 1 << 20,
+        stream: false,
+    }
 }
 
 fn shell_t(session: &str, cmd: &str, timeout_ms: u64) -> Request {
-    Request::RunShell { session: session.into(), cmd: cmd.into(), timeout_ms, env: BTreeMap::new(), cwd: None, max_output: 1 << 20, stream: false }
+    Request::RunShell {
+        session: session.into(),
+        cmd: cmd.into(),
+        timeout_ms,
+        env: BTreeMap::new(),
+        cwd: None,
+        max_output: 1 << 20,
+        stream: false,
+    }
 }
 
 fn exec(argv: &[&str]) -> Request {
-    Request::Exec { argv: argv.iter().map(|s| s.to_string()).collect(), timeout_ms: 20_000, env: BTreeMap::new(), cwd: None, user: None, max_output: 1 << 20, stream: false }
+    Request::Exec {
+        argv: argv.iter().map(|s| s.to_string()).collect(),
+        timeout_ms: 20_000,
+        env: BTreeMap::new(),
+        cwd: None,
+        user: None,
+        max_output: 1 << 20,
+        stream: false,
+    }
 }
 
 async fn run(a: &Aether, req: Request) -> CommandOutput {
@@ -99,7 +132,10 @@ fn text(b: &Bytes) -> String {
 fn gone(pid: i32) -> bool {
     match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
         Err(_) => true,
-        Ok(s) => s.rsplit(')').next().is_some_and(|r| r.trim_start().starts_with('Z')),
+        Ok(s) => s
+            .rsplit(')')
+            .next()
+            .is_some_and(|r| r.trim_start().starts_with('Z')),
     }
 }
 
@@ -115,7 +151,10 @@ fn wait_gone(pid: i32) -> bool {
 }
 
 fn pids(out: &Bytes) -> Vec<i32> {
-    text(out).split_whitespace().filter_map(|w| w.parse().ok()).collect()
+    text(out)
+        .split_whitespace()
+        .filter_map(|w| w.parse().ok())
+        .collect()
 }
 
 fn vm_hwm_kib(pid: i32) -> u64 {
@@ -131,8 +170,19 @@ async fn session_state_persists() {
     assert_eq!(o.outcome.exit_code, 0, "{o:?}");
     assert!(!o.outcome.session_restarted);
     let bg = pids(&o.stdout)[0];
-    let o = run(&a, shell("s", &format!("pwd; echo $FOO; f x; hi; kill -0 {bg} && echo alive"))).await;
-    assert_eq!(text(&o.stdout), "/tmp\nbar\nfn-x\nalias-ok\nalive\n", "{o:?}");
+    let o = run(
+        &a,
+        shell(
+            "s",
+            &format!("pwd; echo $FOO; f x; hi; kill -0 {bg} && echo alive"),
+        ),
+    )
+    .await;
+    assert_eq!(
+        text(&o.stdout),
+        "/tmp\nbar\nfn-x\nalias-ok\nalive\n",
+        "{o:?}"
+    );
     assert!(!o.outcome.session_restarted);
     // A second session is independent.
     let o = run(&a, shell("other", "pwd; echo \"[$FOO]\"")).await;
@@ -141,21 +191,46 @@ async fn session_state_persists() {
     // cwd and per-call env.
     let mut env = BTreeMap::new();
     env.insert("ONLY".to_string(), "once".to_string());
-    let req = Request::RunShell { session: "s".into(), cmd: "pwd; echo $ONLY".into(), timeout_ms: 5000, env, cwd: Some("/".into()), max_output: 1024, stream: false };
+    let req = Request::RunShell {
+        session: "s".into(),
+        cmd: "pwd; echo $ONLY".into(),
+        timeout_ms: 5000,
+        env,
+        cwd: Some("/".into()),
+        max_output: 1024,
+        stream: false,
+    };
     assert_eq!(text(&run(&a, req).await.stdout), "/\nonce\n");
-    assert_eq!(text(&run(&a, shell("s", "pwd; echo \"[$ONLY]\"")).await.stdout), "/\n[]\n");
+    assert_eq!(
+        text(&run(&a, shell("s", "pwd; echo \"[$ONLY]\"")).await.stdout),
+        "/\n[]\n"
+    );
     let r = a.client.request(Request::Ping, Bytes::new()).await.unwrap();
-    assert!(matches!(r.0, Reply::Pong { sessions: 2, processes } if processes >= 3), "{r:?}");
+    assert!(
+        matches!(r.0, Reply::Pong { sessions: 2, processes } if processes >= 3),
+        "{r:?}"
+    );
     // `exit` ends the shell; the next call gets a fresh one.
     let o = run(&a, shell("s", "echo bye; exit 3")).await;
-    assert_eq!((o.outcome.exit_code, text(&o.stdout).as_str()), (3, "bye\n"));
+    assert_eq!(
+        (o.outcome.exit_code, text(&o.stdout).as_str()),
+        (3, "bye\n")
+    );
     let o = run(&a, shell("s", "echo again")).await;
     assert!(o.outcome.session_restarted);
     assert_eq!(text(&o.stdout), "again\n");
     // CloseSession kills the session's background jobs.
     let o = run(&a, shell("c", "sleep 1000 & echo $!")).await;
     let job = pids(&o.stdout)[0];
-    a.client.request(Request::CloseSession { session: "c".into() }, Bytes::new()).await.unwrap();
+    a.client
+        .request(
+            Request::CloseSession {
+                session: "c".into(),
+            },
+            Bytes::new(),
+        )
+        .await
+        .unwrap();
     assert!(wait_gone(job));
     assert!(wait_gone(bg));
 }
@@ -163,7 +238,11 @@ async fn session_state_persists() {
 #[tokio::test]
 async fn outputs_exit_codes_and_stdin() {
     let Some(a) = start().await else { return };
-    let o = run(&a, shell("s", "printf '\\377\\376\\000abc'; echo err >&2; (exit 7)")).await;
+    let o = run(
+        &a,
+        shell("s", "printf '\\377\\376\\000abc'; echo err >&2; (exit 7)"),
+    )
+    .await;
     assert_eq!(&o.stdout[..], b"\xff\xfe\x00abc");
     assert_eq!(&o.stderr[..], b"err\n");
     assert_eq!(o.outcome.exit_code, 7);
@@ -171,7 +250,11 @@ async fn outputs_exit_codes_and_stdin() {
     assert_eq!(&o.stdout[..], b"no newline");
     assert_eq!(run(&a, shell("s", "false")).await.outcome.exit_code, 1);
     let input = Bytes::from_static(b"line1\nbinary\x00\xff\nlast");
-    let o = a.client.run(shell("s", "cat; echo; wc -c"), input.clone()).await.unwrap();
+    let o = a
+        .client
+        .run(shell("s", "cat; echo; wc -c"), input.clone())
+        .await
+        .unwrap();
     // wc sees no input left: cat consumed it.
     assert_eq!(&o.stdout[..], b"line1\nbinary\x00\xff\nlast\n0\n");
     let o = run(&a, shell("s", "cat")).await;
@@ -183,7 +266,15 @@ async fn timeout_kills_new_processes_only() {
     let Some(a) = start().await else { return };
     let old = pids(&run(&a, shell("s", "sleep 1000 & echo $!")).await.stdout)[0];
     let t = Instant::now();
-    let o = run(&a, shell_t("s", "sleep 1000 & echo $!; sh -c 'echo $$; exec sleep 1000'", 500)).await;
+    let o = run(
+        &a,
+        shell_t(
+            "s",
+            "sleep 1000 & echo $!; sh -c 'echo $$; exec sleep 1000'",
+            500,
+        ),
+    )
+    .await;
     assert!(o.outcome.timed_out, "{o:?}");
     assert_eq!((o.outcome.exit_code, o.outcome.signal), (-1, Some(9)));
     assert!(!o.outcome.session_restarted);
@@ -208,24 +299,48 @@ async fn builtin_loop_restarts_session() {
     assert_eq!(text(&o.stdout), "looping\n");
     let o = run(&a, shell("s", "echo fresh; pwd")).await;
     assert!(text(&o.stdout).starts_with("fresh\n"));
-    assert_ne!(text(&o.stdout), "fresh\n/tmp\n", "a fresh shell starts in home");
+    assert_ne!(
+        text(&o.stdout),
+        "fresh\n/tmp\n",
+        "a fresh shell starts in home"
+    );
 }
 
 #[tokio::test]
 async fn cancel_kills_command() {
     let Some(a) = start().await else { return };
-    let mut call = a.client.call(shell("s", "sleep 1000"), Bytes::new()).await.unwrap();
+    let mut call = a
+        .client
+        .call(shell("s", "sleep 1000"), Bytes::new())
+        .await
+        .unwrap();
     tokio::time::sleep(Duration::from_millis(200)).await;
-    a.client.request(Request::Cancel { target: call.id() }, Bytes::new()).await.unwrap();
+    a.client
+        .request(Request::Cancel { target: call.id() }, Bytes::new())
+        .await
+        .unwrap();
     let (r, _) = call.next().await.unwrap().unwrap();
-    let Reply::CommandDone(out) = r else { panic!("{r:?}") };
-    assert_eq!((out.exit_code, out.signal, out.timed_out), (-1, Some(9), false));
+    let Reply::CommandDone(out) = r else {
+        panic!("{r:?}")
+    };
+    assert_eq!(
+        (out.exit_code, out.signal, out.timed_out),
+        (-1, Some(9), false)
+    );
 }
 
 #[tokio::test]
 async fn huge_output_is_capped_in_bounded_memory() {
     let Some(a) = start().await else { return };
-    let req = Request::RunShell { session: "s".into(), cmd: "yes | head -c 1G; echo tail >&2".into(), timeout_ms: 60_000, env: BTreeMap::new(), cwd: None, max_output: 1 << 20, stream: false };
+    let req = Request::RunShell {
+        session: "s".into(),
+        cmd: "yes | head -c 1G; echo tail >&2".into(),
+        timeout_ms: 60_000,
+        env: BTreeMap::new(),
+        cwd: None,
+        max_output: 1 << 20,
+        stream: false,
+    };
     let o = run(&a, req).await;
     assert_eq!(o.outcome.exit_code, 0);
     assert_eq!(o.outcome.stdout_total, 1 << 30);
@@ -241,7 +356,15 @@ async fn huge_output_is_capped_in_bounded_memory() {
 #[tokio::test]
 async fn streaming_chunks_arrive_early() {
     let Some(a) = start().await else { return };
-    let req = Request::RunShell { session: "s".into(), cmd: "echo first; sleep 1; echo second; echo e >&2".into(), timeout_ms: 10_000, env: BTreeMap::new(), cwd: None, max_output: 1 << 20, stream: true };
+    let req = Request::RunShell {
+        session: "s".into(),
+        cmd: "echo first; sleep 1; echo second; echo e >&2".into(),
+        timeout_ms: 10_000,
+        env: BTreeMap::new(),
+        cwd: None,
+        max_output: 1 << 20,
+        stream: true,
+    };
     let t = Instant::now();
     let mut call = a.client.call(req, Bytes::new()).await.unwrap();
     let mut streamed = Vec::new();
@@ -249,7 +372,9 @@ async fn streaming_chunks_arrive_early() {
     let outcome = loop {
         let (r, body) = call.next().await.unwrap().unwrap();
         match r {
-            Reply::Output { stream: Stream::Stdout } => {
+            Reply::Output {
+                stream: Stream::Stdout,
+            } => {
                 first_at.get_or_insert(t.elapsed());
                 streamed.extend_from_slice(&body);
             }
@@ -259,7 +384,11 @@ async fn streaming_chunks_arrive_early() {
         }
     };
     assert_eq!(streamed, b"first\nsecond\n");
-    assert!(first_at.unwrap() + Duration::from_millis(500) < outcome.1, "first chunk at {first_at:?}, done at {:?}", outcome.1);
+    assert!(
+        first_at.unwrap() + Duration::from_millis(500) < outcome.1,
+        "first chunk at {first_at:?}, done at {:?}",
+        outcome.1
+    );
     assert_eq!(outcome.0.stdout_len, 13);
 }
 
@@ -267,19 +396,38 @@ async fn streaming_chunks_arrive_early() {
 async fn exec_argv() {
     let Some(a) = start().await else { return };
     let o = run(&a, exec(&["printf", "%s|%s", "a b", "c'd"])).await;
-    assert_eq!((o.outcome.exit_code, text(&o.stdout).as_str()), (0, "a b|c'd"));
+    assert_eq!(
+        (o.outcome.exit_code, text(&o.stdout).as_str()),
+        (0, "a b|c'd")
+    );
     let o = run(&a, exec(&["no-such-command-xyz"])).await;
     assert_eq!(o.outcome.exit_code, 127);
     assert!(text(&o.stderr).contains("no-such-command-xyz"));
     let o = run(&a, exec(&["/no/such/file"])).await;
     assert_eq!(o.outcome.exit_code, 127);
-    let o = a.client.run(exec(&["cat"]), Bytes::from_static(b"in\x00put")).await.unwrap();
+    let o = a
+        .client
+        .run(exec(&["cat"]), Bytes::from_static(b"in\x00put"))
+        .await
+        .unwrap();
     assert_eq!(&o.stdout[..], b"in\x00put");
     let o = run(&a, exec(&["sh", "-c", "kill -9 $$"])).await;
     assert_eq!((o.outcome.exit_code, o.outcome.signal), (-1, Some(9)));
     let mut env = BTreeMap::new();
     env.insert("V".into(), "x".into());
-    let req = Request::Exec { argv: vec!["sh".into(), "-c".into(), "pwd; echo $V; sleep 1000 & echo $!; sleep 1000".into()], timeout_ms: 400, env, cwd: Some("/tmp".into()), user: None, max_output: 100, stream: false };
+    let req = Request::Exec {
+        argv: vec![
+            "sh".into(),
+            "-c".into(),
+            "pwd; echo $V; sleep 1000 & echo $!; sleep 1000".into(),
+        ],
+        timeout_ms: 400,
+        env,
+        cwd: Some("/tmp".into()),
+        user: None,
+        max_output: 100,
+        stream: false,
+    };
     let o = run(&a, req).await;
     assert!(o.outcome.timed_out);
     let out = text(&o.stdout);
@@ -305,53 +453,196 @@ async fn file_round_trip() {
         data.push((x >> 24) as u8);
     }
     let path = format!("{base}/sub/deeper/blob.bin");
-    let call = a.client.call(Request::WriteBegin { path: path.clone(), mode: 0o751, make_parents: true }, Bytes::new()).await.unwrap();
+    let call = a
+        .client
+        .call(
+            Request::WriteBegin {
+                path: path.clone(),
+                mode: 0o751,
+                make_parents: true,
+            },
+            Bytes::new(),
+        )
+        .await
+        .unwrap();
     for chunk in data.chunks(CHUNK) {
-        a.client.send(call.id(), Request::WriteChunk, Bytes::copy_from_slice(chunk)).await.unwrap();
+        a.client
+            .send(
+                call.id(),
+                Request::WriteChunk,
+                Bytes::copy_from_slice(chunk),
+            )
+            .await
+            .unwrap();
     }
-    a.client.send(call.id(), Request::WriteEnd, Bytes::new()).await.unwrap();
+    a.client
+        .send(call.id(), Request::WriteEnd, Bytes::new())
+        .await
+        .unwrap();
     let (r, _) = dsec_runtime::aether_client::collect(call).await.unwrap();
-    let Reply::Written(info) = r else { panic!("{r:?}") };
-    assert_eq!((info.size, info.mode, info.kind), (data.len() as u64, 0o751, FileKind::File));
-    let (r, body) = a.client.request(Request::ReadFile { path: path.clone() }, Bytes::new()).await.unwrap();
-    assert!(matches!(r, Reply::FileEnd { size, mode: 0o751 } if size == data.len() as u64), "{r:?}");
+    let Reply::Written(info) = r else {
+        panic!("{r:?}")
+    };
+    assert_eq!(
+        (info.size, info.mode, info.kind),
+        (data.len() as u64, 0o751, FileKind::File)
+    );
+    let (r, body) = a
+        .client
+        .request(Request::ReadFile { path: path.clone() }, Bytes::new())
+        .await
+        .unwrap();
+    assert!(
+        matches!(r, Reply::FileEnd { size, mode: 0o751 } if size == data.len() as u64),
+        "{r:?}"
+    );
     assert!(body[..] == data[..], "read back differs");
     // list, stat, symlink, mkdir, remove
     std::os::unix::fs::symlink("blob.bin", format!("{base}/sub/deeper/link")).unwrap();
-    let (r, _) = a.client.request(Request::ListDir { path: format!("{base}/sub/deeper") }, Bytes::new()).await.unwrap();
+    let (r, _) = a
+        .client
+        .request(
+            Request::ListDir {
+                path: format!("{base}/sub/deeper"),
+            },
+            Bytes::new(),
+        )
+        .await
+        .unwrap();
     let Reply::Listed(l) = r else { panic!() };
-    let names: Vec<_> = l.entries.iter().map(|e| (e.name.as_str(), e.kind)).collect();
-    assert_eq!(names, vec![("blob.bin", FileKind::File), ("link", FileKind::Symlink)]);
-    let (r, _) = a.client.request(Request::Stat { path: format!("{base}/sub/deeper/link") }, Bytes::new()).await.unwrap();
-    assert!(matches!(r, Reply::Stat(ref i) if i.link_target.as_deref() == Some("blob.bin")), "{r:?}");
-    let (r, _) = a.client.request(Request::Mkdir { path: format!("{base}/m/n/o"), mode: 0o700, parents: true }, Bytes::new()).await.unwrap();
-    assert!(matches!(r, Reply::Stat(ref i) if i.kind == FileKind::Dir && i.mode == 0o700), "{r:?}");
-    let err = a.client.request(Request::Remove { path: format!("{base}/sub"), recursive: false }, Bytes::new()).await.unwrap_err();
-    assert!(matches!(err, ChannelError::Aether(ref e) if e.kind == AetherErrorKind::WrongKind), "{err:?}");
-    a.client.request(Request::Remove { path: format!("{base}/sub"), recursive: true }, Bytes::new()).await.unwrap();
+    let names: Vec<_> = l
+        .entries
+        .iter()
+        .map(|e| (e.name.as_str(), e.kind))
+        .collect();
+    assert_eq!(
+        names,
+        vec![("blob.bin", FileKind::File), ("link", FileKind::Symlink)]
+    );
+    let (r, _) = a
+        .client
+        .request(
+            Request::Stat {
+                path: format!("{base}/sub/deeper/link"),
+            },
+            Bytes::new(),
+        )
+        .await
+        .unwrap();
+    assert!(
+        matches!(r, Reply::Stat(ref i) if i.link_target.as_deref() == Some("blob.bin")),
+        "{r:?}"
+    );
+    let (r, _) = a
+        .client
+        .request(
+            Request::Mkdir {
+                path: format!("{base}/m/n/o"),
+                mode: 0o700,
+                parents: true,
+            },
+            Bytes::new(),
+        )
+        .await
+        .unwrap();
+    assert!(
+        matches!(r, Reply::Stat(ref i) if i.kind == FileKind::Dir && i.mode == 0o700),
+        "{r:?}"
+    );
+    let err = a
+        .client
+        .request(
+            Request::Remove {
+                path: format!("{base}/sub"),
+                recursive: false,
+            },
+            Bytes::new(),
+        )
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(err, ChannelError::Aether(ref e) if e.kind == AetherErrorKind::WrongKind),
+        "{err:?}"
+    );
+    a.client
+        .request(
+            Request::Remove {
+                path: format!("{base}/sub"),
+                recursive: true,
+            },
+            Bytes::new(),
+        )
+        .await
+        .unwrap();
     assert!(!std::path::Path::new(&path).exists());
     // errors name the path
-    for req in [Request::ReadFile { path: format!("{base}/missing") }, Request::Stat { path: format!("{base}/missing") }, Request::ListDir { path: format!("{base}/missing") }] {
+    for req in [
+        Request::ReadFile {
+            path: format!("{base}/missing"),
+        },
+        Request::Stat {
+            path: format!("{base}/missing"),
+        },
+        Request::ListDir {
+            path: format!("{base}/missing"),
+        },
+    ] {
         let err = a.client.request(req, Bytes::new()).await.unwrap_err();
-        assert!(matches!(err, ChannelError::Aether(ref e) if e.kind == AetherErrorKind::NotFound && e.message.contains("missing")), "{err:?}");
+        assert!(
+            matches!(err, ChannelError::Aether(ref e) if e.kind == AetherErrorKind::NotFound && e.message.contains("missing")),
+            "{err:?}"
+        );
     }
-    let err = a.client.request(Request::ReadFile { path: base.clone() }, Bytes::new()).await.unwrap_err();
-    assert!(matches!(err, ChannelError::Aether(ref e) if e.kind == AetherErrorKind::WrongKind), "{err:?}");
+    let err = a
+        .client
+        .request(Request::ReadFile { path: base.clone() }, Bytes::new())
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(err, ChannelError::Aether(ref e) if e.kind == AetherErrorKind::WrongKind),
+        "{err:?}"
+    );
 }
 
 #[tokio::test]
 async fn tty_echo_round_trip() {
     let Some(a) = start().await else { return };
-    let req = Request::TtyOpen { rows: 24, cols: 80, cmd: Some(vec!["/bin/sh".into()]), env: BTreeMap::new() };
+    let req = Request::TtyOpen {
+        rows: 24,
+        cols: 80,
+        cmd: Some(vec!["/bin/sh".into()]),
+        env: BTreeMap::new(),
+    };
     let mut call = a.client.call(req, Bytes::new()).await.unwrap();
     let tty = call.id();
-    a.client.request(Request::TtyResize { target: tty, rows: 40, cols: 100 }, Bytes::new()).await.unwrap();
-    a.client.request(Request::TtyInput { target: tty }, Bytes::from_static(b"echo hel''lo; stty size; exit 5\n")).await.unwrap();
+    a.client
+        .request(
+            Request::TtyResize {
+                target: tty,
+                rows: 40,
+                cols: 100,
+            },
+            Bytes::new(),
+        )
+        .await
+        .unwrap();
+    a.client
+        .request(
+            Request::TtyInput { target: tty },
+            Bytes::from_static(b"echo hel''lo; stty size; exit 5\n"),
+        )
+        .await
+        .unwrap();
     let mut seen = Vec::new();
     let code = tokio::time::timeout(Duration::from_secs(10), async {
         loop {
             match call.next().await.unwrap() {
-                Some((Reply::Output { stream: Stream::Tty }, b)) => seen.extend_from_slice(&b),
+                Some((
+                    Reply::Output {
+                        stream: Stream::Tty,
+                    },
+                    b,
+                )) => seen.extend_from_slice(&b),
                 Some((Reply::TtyExit { code }, _)) => break code,
                 other => panic!("{other:?}"),
             }
@@ -369,7 +660,11 @@ async fn tty_echo_round_trip() {
 async fn shutdown_kills_children() {
     let Some(mut a) = start().await else { return };
     let job = pids(&run(&a, shell("s", "sleep 1000 & echo $!")).await.stdout)[0];
-    let (r, _) = a.client.request(Request::Shutdown, Bytes::new()).await.unwrap();
+    let (r, _) = a
+        .client
+        .request(Request::Shutdown, Bytes::new())
+        .await
+        .unwrap();
     assert!(matches!(r, Reply::Done));
     assert!(wait_gone(job));
     let st = a.child.wait().unwrap();
@@ -380,8 +675,19 @@ async fn shutdown_kills_children() {
 #[tokio::test]
 async fn channel_close_kills_children() {
     let Some(mut a) = start().await else { return };
-    let job = pids(&run(&a, shell("s", "setsid sleep 1000 & echo $!")).await.stdout)[0];
-    let mut exec_call = a.client.call(exec(&["sh", "-c", "echo $$; exec sleep 1000"]), Bytes::new()).await.unwrap();
+    let job = pids(
+        &run(&a, shell("s", "setsid sleep 1000 & echo $!"))
+            .await
+            .stdout,
+    )[0];
+    let mut exec_call = a
+        .client
+        .call(
+            exec(&["sh", "-c", "echo $$; exec sleep 1000"]),
+            Bytes::new(),
+        )
+        .await
+        .unwrap();
     tokio::time::sleep(Duration::from_millis(300)).await;
     // Break the channel: shutdown acts on the socket itself, not just this descriptor.
     a.ctl.shutdown(std::net::Shutdown::Both).unwrap();
@@ -393,6 +699,9 @@ async fn channel_close_kills_children() {
         }
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
-    assert!(a.child.try_wait().unwrap().is_some(), "aether did not exit on channel close");
+    assert!(
+        a.child.try_wait().unwrap().is_some(),
+        "aether did not exit on channel close"
+    );
     assert!(wait_gone(job));
 }
