@@ -705,3 +705,104 @@ async fn channel_close_kills_children() {
     );
     assert!(wait_gone(job));
 }
+
+#[tokio::test]
+async fn exec_as_other_user() {
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } != 0 {
+        eprintln!("SKIP: switching users needs root");
+        return;
+    }
+    let Some(a) = start().await else { return };
+    let req = Request::Exec {
+        argv: vec!["id".into(), "-u".into()],
+        timeout_ms: 5000,
+        env: BTreeMap::new(),
+        cwd: Some("/".into()),
+        user: Some("nobody".into()),
+        max_output: 100,
+        stream: false,
+    };
+    let o = run(&a, req).await;
+    assert_eq!(text(&o.stdout), "65534\n", "{o:?}");
+    let req = Request::Exec {
+        argv: vec!["true".into()],
+        timeout_ms: 5000,
+        env: BTreeMap::new(),
+        cwd: None,
+        user: Some("no-such-user-xyz".into()),
+        max_output: 100,
+        stream: false,
+    };
+    let err = a.client.run(req, Bytes::new()).await.unwrap_err();
+    assert!(
+        matches!(err, ChannelError::Aether(ref e) if e.kind == AetherErrorKind::BadRequest),
+        "{err:?}"
+    );
+}
+
+/// Raw frames, without the client: an unknown op is a bad request, garbage ends the channel.
+#[test]
+fn bad_frames() {
+    use std::io::{Read, Write};
+    let Some(path) = aether_path() else {
+        eprintln!("SKIP: dsec-aether is not built");
+        return;
+    };
+    let (mut ours, theirs) = std::os::unix::net::UnixStream::pair().unwrap();
+    let fd = theirs.as_raw_fd();
+    let mut cmd = std::process::Command::new(&path);
+    cmd.args(["--mode", "bare", "--fd", "3"]);
+    // SAFETY: dup2 is async-signal-safe and `fd` stays open until spawn returns.
+    unsafe {
+        cmd.pre_exec(move || {
+            if libc::dup2(fd, 3) < 0 {
+                Err(std::io::Error::last_os_error())
+            } else {
+                Ok(())
+            }
+        });
+    }
+    let mut child = cmd.spawn().unwrap();
+    drop(theirs);
+    ours.set_read_timeout(Some(Duration::from_secs(10)))
+        .unwrap();
+    let read_frame = |s: &mut std::os::unix::net::UnixStream| -> serde_json::Value {
+        let mut pre = [0u8; 8];
+        s.read_exact(&mut pre).unwrap();
+        let h = u32::from_be_bytes(pre[..4].try_into().unwrap()) as usize;
+        let b = u32::from_be_bytes(pre[4..].try_into().unwrap()) as usize;
+        let mut buf = vec![0u8; h + b];
+        s.read_exact(&mut buf).unwrap();
+        serde_json::from_slice(&buf[..h]).unwrap()
+    };
+    let ready = read_frame(&mut ours);
+    assert_eq!(ready["m"]["op"], "ready");
+    let header = br#"{"id":5,"dir":"request","m":{"op":"frobnicate"}}"#;
+    let mut f = Vec::new();
+    f.extend_from_slice(&(header.len() as u32).to_be_bytes());
+    f.extend_from_slice(&0u32.to_be_bytes());
+    f.extend_from_slice(header);
+    ours.write_all(&f).unwrap();
+    let r = read_frame(&mut ours);
+    assert_eq!(
+        (
+            r["id"].as_u64(),
+            r["m"]["op"].as_str(),
+            r["m"]["kind"].as_str()
+        ),
+        (Some(5), Some("error"), Some("bad_request")),
+        "{r}"
+    );
+    // A header length over the limit is a broken peer: aether exits.
+    ours.write_all(&[0xff, 0xff, 0xff, 0xff, 0, 0, 0, 0])
+        .unwrap();
+    let t = Instant::now();
+    while child.try_wait().unwrap().is_none() {
+        assert!(
+            t.elapsed() < Duration::from_secs(5),
+            "aether survived a malformed frame"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
