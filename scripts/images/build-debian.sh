@@ -17,6 +17,7 @@
 #   DSEC_SUITE       Debian suite (default bookworm)
 #   DSEC_MIRROR      override the mirror URI (default: from apt sources)
 #   DSEC_INCLUDE     extra packages (default python3,git,gcc,libc6-dev)
+#   DSEC_APT_DIR     where to read apt sources from (default /etc/apt)
 set -euo pipefail
 
 CACHE="${DSEC_CACHE:-/var/cache/dsec}"
@@ -25,6 +26,7 @@ INCLUDE="${DSEC_INCLUDE:-python3,git,gcc,libc6-dev}"
 OUT="$CACHE/debian-$SUITE.tar"
 WORK="$CACHE/debian-$SUITE.build"
 DEBS="$CACHE/debs-$SUITE"
+APT_DIR="${DSEC_APT_DIR:-/etc/apt}"
 
 log() { printf '[build-debian] %s\n' "$*"; }
 die() { printf '[build-debian] error: %s\n' "$*" >&2; exit 1; }
@@ -48,7 +50,7 @@ fi
 # *.list format and deb822 *.sources format.
 apt_entries() {
     local f
-    for f in /etc/apt/sources.list /etc/apt/sources.list.d/*.list; do
+    for f in "$APT_DIR/sources.list" "$APT_DIR"/sources.list.d/*.list; do
         [[ -f "$f" ]] || continue
         awk '
             { sub(/#.*/, "") }
@@ -58,7 +60,7 @@ apt_entries() {
                 if (i + 1 <= NF) print $i, $(i + 1)
             }' "$f"
     done
-    for f in /etc/apt/sources.list.d/*.sources; do
+    for f in "$APT_DIR"/sources.list.d/*.sources; do
         [[ -f "$f" ]] || continue
         awk '
             function flush() {
@@ -103,7 +105,7 @@ find_mirror() {
 
 MIRROR="${DSEC_MIRROR:-}"
 if [[ -z "$MIRROR" ]]; then
-    MIRROR="$(find_mirror)" || die "no 'deb' entry for suite $SUITE in /etc/apt/sources.list{,.d}; set DSEC_MIRROR"
+    MIRROR="$(find_mirror)" || die "no 'deb' entry for suite $SUITE in $APT_DIR/sources.list{,.d}; set DSEC_MIRROR"
 fi
 log "suite $SUITE, mirror $MIRROR, extra packages $INCLUDE"
 

@@ -196,14 +196,19 @@ fn unpack_plain_tar<R: Read>(reader: R, root: &Path) -> Result<(), String> {
     ar.set_overwrite(true);
     let entries = ar
         .entries()
-        .map_err(|e| format!("not a tar archive: {e}"))?;
+        .map_err(|e| format!("not a tar archive: {}", error_chain(&e)))?;
     // Directory metadata is applied last, deepest first, so creating children neither
     // changes their mtimes nor trips over read-only modes.
     let mut dirs: Vec<(PathBuf, Meta)> = Vec::new();
     for (count, entry) in entries.enumerate() {
         let count = count + 1;
-        let mut e =
-            entry.map_err(|e| format!("corrupt tar archive after {} entries: {e}", count - 1))?;
+        let mut e = entry.map_err(|e| {
+            format!(
+                "corrupt tar archive after {} entries: {}",
+                count - 1,
+                error_chain(&e)
+            )
+        })?;
         let raw_path = e
             .path()
             .map_err(|err| format!("entry {count}: bad path: {err}"))?
@@ -279,7 +284,7 @@ fn unpack_plain_tar<R: Read>(reader: R, root: &Path) -> Result<(), String> {
             };
             let unpacked = e
                 .unpack_in(&root)
-                .map_err(|err| format!("entry {shown:?}: {err}"))?;
+                .map_err(|err| format!("entry {shown:?}: {}", error_chain(&err)))?;
             if !unpacked {
                 return Err(format!("entry {shown:?} escapes the image root"));
             }
@@ -294,6 +299,21 @@ fn unpack_plain_tar<R: Read>(reader: R, root: &Path) -> Result<(), String> {
         apply_meta(dir, meta).map_err(|err| format!("directory {}: {err}", dir.display()))?;
     }
     Ok(())
+}
+
+/// `err: source: source ...` — the tar crate puts the useful part in the source.
+fn error_chain(err: &dyn std::error::Error) -> String {
+    let mut out = err.to_string();
+    let mut cur = err.source();
+    while let Some(e) = cur {
+        let s = e.to_string();
+        if !out.contains(&s) {
+            out.push_str(": ");
+            out.push_str(&s);
+        }
+        cur = e.source();
+    }
+    out
 }
 
 /// Strips leading `/` and `.` components; `None` if the path has a `..` component.

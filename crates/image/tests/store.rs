@@ -610,3 +610,62 @@ async fn debian_tarball_imports() {
     assert!(out.contains("root 1777"), "sticky /tmp kept: {out}");
     drop(lease);
 }
+
+/// The point of the whiteout conversion: stacked in an overlay, a tar layer's OCI whiteouts
+/// hide files of the layers below.
+#[tokio::test]
+async fn overlay_honours_converted_whiteouts() {
+    skip_unless_capable!();
+    let t = TestStore::new();
+    let base = t.dir.path().join("base");
+    fs::create_dir_all(base.join("d")).unwrap();
+    fs::write(base.join("a"), b"a").unwrap();
+    fs::write(base.join("keep"), b"k").unwrap();
+    fs::write(base.join("d/x"), b"x").unwrap();
+    t.store.import_dir("base", &base).await.unwrap();
+
+    let mut b = tar::Builder::new(Vec::new());
+    let mut h = tar::Header::new_ustar();
+    h.set_mode(0o644);
+    h.set_uid(0);
+    h.set_gid(0);
+    h.set_mtime(1);
+    h.set_size(0);
+    b.append_data(&mut h.clone(), ".wh.a", &b""[..]).unwrap();
+    b.append_data(&mut h.clone(), "d/.wh..wh..opq", &b""[..])
+        .unwrap();
+    h.set_size(1);
+    b.append_data(&mut h, "d/y", &b"y"[..]).unwrap();
+    let top = b.into_inner().unwrap();
+    t.store
+        .import_tar("top", std::io::Cursor::new(top))
+        .await
+        .unwrap();
+
+    let lb = t.store.acquire("base").await.unwrap();
+    let lt = t.store.acquire("top").await.unwrap();
+    let lower = format!("{}:{}", lt.lowers()[0].display(), lb.lowers()[0].display());
+    let merged = t.dir.path().join("merged");
+    fs::create_dir(&merged).unwrap();
+    nix::mount::mount(
+        Some("overlay"),
+        &merged,
+        Some("overlay"),
+        nix::mount::MsFlags::MS_RDONLY,
+        Some(format!("lowerdir={lower}").as_str()),
+    )
+    .unwrap();
+    let mut names: Vec<String> = fs::read_dir(&merged)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    names.sort();
+    let mut in_d: Vec<String> = fs::read_dir(merged.join("d"))
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    in_d.sort();
+    nix::mount::umount2(&merged, nix::mount::MntFlags::MNT_DETACH).unwrap();
+    assert_eq!(names, vec!["d", "keep"], "whiteout hides `a`");
+    assert_eq!(in_d, vec!["y"], "opaque directory hides `d/x`");
+}
