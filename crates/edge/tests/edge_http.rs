@@ -51,6 +51,7 @@ impl Drop for Cleanup {
     }
 }
 
+/// Kills every process left in a cgroup tree, then removes it bottom-up.
 fn remove_cgroup_tree(dir: &Path) {
     if let Ok(entries) = std::fs::read_dir(dir) {
         for e in entries.flatten() {
@@ -59,7 +60,23 @@ fn remove_cgroup_tree(dir: &Path) {
             }
         }
     }
-    let _ = std::fs::remove_dir(dir);
+    for _ in 0..50 {
+        let procs = std::fs::read_to_string(dir.join("cgroup.procs")).unwrap_or_default();
+        let pids: Vec<i32> = procs
+            .lines()
+            .filter_map(|l| l.trim().parse().ok())
+            .collect();
+        for pid in &pids {
+            let _ = nix::sys::signal::kill(
+                nix::unistd::Pid::from_raw(*pid),
+                nix::sys::signal::Signal::SIGKILL,
+            );
+        }
+        if std::fs::remove_dir(dir).is_ok() || !dir.exists() {
+            return;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
 }
 
 fn cgroup_dirs(node: &str) -> Vec<PathBuf> {
@@ -691,7 +708,8 @@ async fn edge_http_end_to_end() {
     rec["info"]["id"] = json!(ghost);
     rec["pid"] = json!(0);
     std::fs::write(gdir.join("record.json"), serde_json::to_vec(&rec).unwrap()).unwrap();
-    let (edge2, api2, server2) = start(cfg).await;
+    let cfg2 = EdgeConfig { capacity: 1, ..cfg };
+    let (edge2, api2, server2) = start(cfg2).await;
     assert_eq!(edge2.reaped(), std::slice::from_ref(&ghost));
     assert!(!gdir.exists());
     assert_eq!(edge2.token(), api.token, "the generated token is kept");
@@ -701,7 +719,51 @@ async fn edge_http_end_to_end() {
         .await
         .unwrap();
     expect_error(r, 404, "sandbox_not_found").await;
+
+    // --- idempotency and admission (capacity 1) ---
+    let body = json!({"image": "busybox", "memory_limit_mb": 64, "idempotency_key": "k1"});
+    let a: SandboxInfo = api2
+        .post("/edge/v1/sandboxes")
+        .json(&body)
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let b: SandboxInfo = api2
+        .post("/edge/v1/sandboxes")
+        .json(&body)
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(
+        a.id, b.id,
+        "a retried create with the same key returns the same sandbox"
+    );
+    let r = api2
+        .post("/edge/v1/sandboxes")
+        .json(&json!({"image": "busybox", "memory_limit_mb": 64}))
+        .send()
+        .await
+        .unwrap();
+    let msg = expect_error(r, 503, "node_full").await;
+    assert!(msg.contains("1 of 1"), "{msg}");
+    let st: NodeStatus = api2
+        .get("/edge/v1/status")
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(st.sandboxes_running, 1);
+    assert_eq!(st.memory_mb_allocated, 64);
     edge2.shutdown().await;
+    assert!(cgroups_of(&a.id).is_empty());
     server2.abort();
     assert!(mounts_under(tmp.path()).is_empty());
 }
