@@ -69,10 +69,10 @@ pub fn validate(setup: &ContainerSetup) -> Result<(), SetupError> {
 
 /// Builds the sandbox's root and restrictions. Called once, as PID 1, before serving.
 ///
-/// Closes every fd above [`KEEP_FDS_UP_TO`] and points 0–2 at /dev/null: open nothing the
-/// server needs before calling it. Processes forked afterwards inherit `oom_score_adj` -1000
-/// and must raise it back to 0 before exec (`/proc/self/oom_score_adj`), so that the OOM
-/// killer picks user processes and never aether.
+/// Closes every fd above [`KEEP_FDS_UP_TO`] (except duplicates of fds 3 and 4) and points 0–2
+/// at /dev/null: open nothing else the server needs before calling it. Processes forked
+/// afterwards inherit `oom_score_adj` -1000 and must raise it back to 0 before exec
+/// (`/proc/self/oom_score_adj`), so that the OOM killer picks user processes, never aether.
 pub fn apply(setup: &ContainerSetup) -> Result<(), SetupError> {
     validate(setup)?;
     let mut sys = RealSys;
@@ -88,8 +88,7 @@ pub fn apply(setup: &ContainerSetup) -> Result<(), SetupError> {
     mounts::make_readonly(&mut sys, &setup.readonly_paths)
         .map_err(|e| fail("read-only paths", e))?;
     nix::unistd::sethostname(&setup.hostname).map_err(|e| fail("sethostname", e))?;
-    std::fs::write("/proc/self/oom_score_adj", "-1000")
-        .map_err(|e| fail("set oom_score_adj", e))?;
+    protect_from_oom()?;
     fd_hygiene().map_err(|e| fail("close inherited fds", e))?;
     caps::restrict().map_err(|e| fail("drop capabilities", e))?;
     caps::set_no_new_privs().map_err(|e| fail("set no_new_privs", e))?;
@@ -98,36 +97,55 @@ pub fn apply(setup: &ContainerSetup) -> Result<(), SetupError> {
     Ok(())
 }
 
-/// Closes every fd above [`KEEP_FDS_UP_TO`] and reopens 0, 1, 2 on /dev/null (the edge's
-/// stdio must not leak into the sandbox).
+/// Closes every fd above [`KEEP_FDS_UP_TO`] that is not a duplicate of fd 3 or 4 (aether's
+/// writer may hold a dup of the channel), and reopens 0, 1, 2 on /dev/null (the edge's stdio
+/// must not leak into the sandbox).
 fn fd_hygiene() -> std::io::Result<()> {
-    close_range_from(KEEP_FDS_UP_TO + 1)?;
-    let null = std::fs::OpenOptions::new()
-        .read(true)
-        .write(true)
-        .open("/dev/null")?;
+    let keep: Vec<(u64, u64)> = (3..=KEEP_FDS_UP_TO).filter_map(fd_identity).collect();
+    let mut open = Vec::new();
+    for entry in std::fs::read_dir("/proc/self/fd")? {
+        if let Some(fd) = entry?.file_name().to_str().and_then(|n| n.parse::<RawFd>().ok()) {
+            open.push(fd);
+        }
+    }
+    for fd in open {
+        if fd > KEEP_FDS_UP_TO && !fd_identity(fd).is_some_and(|id| keep.contains(&id)) {
+            close(fd);
+        }
+    }
+    let null = std::fs::OpenOptions::new().read(true).write(true).open("/dev/null")?;
     for fd in 0..=2 {
         dup2(std::os::fd::AsRawFd::as_raw_fd(&null), fd)?;
     }
     Ok(())
 }
 
-/// `close_range(first, ~0, 0)`.
-fn close_range_from(first: RawFd) -> std::io::Result<()> {
-    // SAFETY: closes fds we do not reference anywhere afterwards (nothing above 4 is held by
-    // this process at this point of setup).
-    let rc = unsafe {
-        libc::syscall(
-            libc::SYS_close_range,
-            first as libc::c_uint,
-            libc::c_uint::MAX,
-            0 as libc::c_uint,
-        )
-    };
-    if rc < 0 {
-        Err(std::io::Error::last_os_error())
-    } else {
-        Ok(())
+/// (device, inode) of what `fd` refers to, if it is open.
+fn fd_identity(fd: RawFd) -> Option<(u64, u64)> {
+    // SAFETY: fstat writes into a stat buffer we own; an unopened fd just fails with EBADF.
+    unsafe {
+        let mut st: libc::stat = std::mem::zeroed();
+        (libc::fstat(fd, &mut st) == 0).then_some((st.st_dev, st.st_ino))
+    }
+}
+
+/// `close(fd)`, ignoring errors (the fd list came from /proc and may include the dir's own fd).
+fn close(fd: RawFd) {
+    // SAFETY: closes an fd this process does not use after setup (not 0-4, not a channel dup).
+    unsafe { libc::close(fd) };
+}
+
+/// Sets aether's `oom_score_adj` to -1000. Lowering it needs CAP_SYS_RESOURCE; a host that
+/// withholds it from the edge gets a warning and aether keeps the edge's score (it is tiny
+/// next to any memory hog, so the OOM killer still picks the hog).
+fn protect_from_oom() -> Result<(), SetupError> {
+    match std::fs::write("/proc/self/oom_score_adj", "-1000") {
+        Ok(()) => Ok(()),
+        Err(e) if e.kind() == std::io::ErrorKind::PermissionDenied => {
+            eprintln!("dsec-aether: cannot lower oom_score_adj (no CAP_SYS_RESOURCE): {e}");
+            Ok(())
+        }
+        Err(e) => Err(fail("set oom_score_adj", e)),
     }
 }
 

@@ -1,0 +1,395 @@
+//! End-to-end tests of the container substrate on the real kernel: a busybox rootfs as the only
+//! lower layer, aether as PID 1, commands through the aether channel.
+//!
+//! Need root, cgroups, overlayfs, /bin/busybox (busybox-static) and a built aether
+//! (`DSEC_AETHER=/path`, or target/{x86_64-unknown-linux-gnu/release,release,debug}/dsec-aether);
+//! each test skips with a printed reason otherwise.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+use bytes::Bytes;
+use dsec_runtime::aether_client::CommandOutput;
+use dsec_runtime::cgroup::{Cgroup, CgroupRoot};
+use dsec_runtime::container::{ContainerConfig, ContainerSandbox, ContainerSubstrate};
+use dsec_runtime::substrate::{CreateSandboxError, Sandbox, SandboxSpec, Substrate};
+use dsec_wire::aether::Request;
+
+/// Finds the aether binary or explains why the test cannot run.
+fn aether_path() -> Result<PathBuf, String> {
+    if let Ok(p) = std::env::var("DSEC_AETHER") {
+        return Ok(PathBuf::from(p));
+    }
+    // The most recently built of the usual places.
+    let target = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../target");
+    ["x86_64-unknown-linux-gnu/release", "release", "debug"]
+        .iter()
+        .map(|sub| target.join(sub).join("dsec-aether"))
+        .filter_map(|p| Some((std::fs::metadata(&p).ok()?.modified().ok()?, p)))
+        .max()
+        .map(|(_, p)| p)
+        .ok_or_else(|| "no dsec-aether binary (cargo build -p dsec-aether, or set DSEC_AETHER)".into())
+}
+
+fn preconditions() -> Result<PathBuf, String> {
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } != 0 {
+        return Err("needs root".into());
+    }
+    if !Path::new("/bin/busybox").is_file() {
+        return Err("needs /bin/busybox (busybox-static)".into());
+    }
+    if !std::fs::read_to_string("/proc/filesystems").unwrap_or_default().contains("overlay") {
+        return Err("needs overlayfs".into());
+    }
+    aether_path()
+}
+
+macro_rules! skip_unless_ready {
+    () => {
+        match preconditions() {
+            Ok(p) => p,
+            Err(why) => {
+                eprintln!("skipping: {why}");
+                return;
+            }
+        }
+    };
+}
+
+/// A busybox root file system in a directory.
+fn build_rootfs(root: &Path) {
+    for d in ["bin", "sbin", "usr/bin", "usr/sbin", "etc", "proc", "sys", "dev", "tmp", "root", "home/user", "mnt"] {
+        std::fs::create_dir_all(root.join(d)).unwrap();
+    }
+    std::fs::copy("/bin/busybox", root.join("bin/busybox")).unwrap();
+    let list = std::process::Command::new("/bin/busybox").arg("--list-full").output().unwrap();
+    for applet in String::from_utf8_lossy(&list.stdout).lines() {
+        let link = root.join(applet);
+        if applet.is_empty() || link.exists() || applet == "bin/busybox" {
+            continue;
+        }
+        std::os::unix::fs::symlink("/bin/busybox", &link).unwrap();
+    }
+    std::fs::write(
+        root.join("etc/passwd"),
+        "root:x:0:0:root:/root:/bin/sh\nuser:x:1000:1000:user:/home/user:/bin/sh\n",
+    )
+    .unwrap();
+    std::fs::write(root.join("etc/group"), "root:x:0:\ntty:x:5:\nuser:x:1000:\n").unwrap();
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(root.join("tmp"), std::fs::Permissions::from_mode(0o1777)).unwrap();
+    std::os::unix::fs::chown(root.join("home/user"), Some(1000), Some(1000)).unwrap();
+}
+
+struct Env {
+    _tmp: tempfile::TempDir,
+    base: PathBuf,
+    lower: PathBuf,
+    substrate: ContainerSubstrate,
+    parent: String,
+}
+
+impl Env {
+    fn new(aether: PathBuf, tag: &str) -> Env {
+        let tmp = tempfile::Builder::new().prefix("dsec-ct-").tempdir_in("/var/tmp").unwrap();
+        let base = tmp.path().to_path_buf();
+        let lower = base.join("lower");
+        build_rootfs(&lower);
+        let parent = format!("dsec-test/{tag}-{}", std::process::id());
+        let substrate = ContainerSubstrate::new(ContainerConfig {
+            aether_path: aether,
+            cgroup_parent: parent.clone(),
+            shm_mb: 16,
+        });
+        Env { _tmp: tmp, base, lower, substrate, parent }
+    }
+
+    fn spec(&self, n: u64) -> SandboxSpec {
+        let id = dsec_wire::id::make_sandbox_id("t0", 0xabc0_0000_0000_0000 | n);
+        let dir = self.base.join(&id);
+        std::fs::create_dir_all(&dir).unwrap();
+        SandboxSpec {
+            hostname: format!("box-{n}"),
+            id,
+            lowers: vec![self.lower.clone()],
+            dir,
+            memory_limit_mb: 128,
+            cpu_cores_limit: 1.0,
+            pids_limit: 64,
+            user: "root".into(),
+            env: BTreeMap::new(),
+        }
+    }
+
+    async fn create(&self, spec: SandboxSpec) -> ContainerSandbox {
+        match self.substrate.create(spec).await {
+            Ok(sb) => sb,
+            Err(e) => panic!("create sandbox: {e}"),
+        }
+    }
+
+    /// Leftover cgroup dirs under this env's parent (all v1 hierarchies / v2).
+    fn cgroup_children(&self) -> Vec<String> {
+        Cgroup::list(&CgroupRoot::detect(), &self.parent).unwrap()
+    }
+}
+
+impl Drop for Env {
+    fn drop(&mut self) {
+        // Best effort: remove the per-test cgroup parents (children are destroyed by the tests).
+        let root = CgroupRoot::detect();
+        let mut dirs = Vec::new();
+        match root.version {
+            dsec_runtime::cgroup::CgroupVersion::V1 => {
+                for c in ["memory", "cpu", "pids", "freezer"] {
+                    dirs.push(root.path.join(c).join(&self.parent));
+                }
+            }
+            dsec_runtime::cgroup::CgroupVersion::V2 => dirs.push(root.path.join(&self.parent)),
+        }
+        for d in dirs {
+            let _ = std::fs::remove_dir(&d);
+            let _ = d.parent().map(std::fs::remove_dir);
+        }
+    }
+}
+
+async fn sh(sb: &ContainerSandbox, cmd: &str) -> CommandOutput {
+    let req = Request::RunShell {
+        session: "main".into(),
+        cmd: cmd.into(),
+        timeout_ms: 30_000,
+        env: BTreeMap::new(),
+        cwd: None,
+        max_output: 1 << 20,
+        stream: false,
+    };
+    match sb.aether().run(req, Bytes::new()).await {
+        Ok(o) => o,
+        Err(e) => panic!("run {cmd:?}: {e}"),
+    }
+}
+
+fn out(o: &CommandOutput) -> String {
+    String::from_utf8_lossy(&o.stdout).trim().to_string()
+}
+
+fn all(o: &CommandOutput) -> String {
+    format!("stdout={:?} stderr={:?} exit={}", out(o), String::from_utf8_lossy(&o.stderr), o.outcome.exit_code)
+}
+
+async fn destroy(env: &Env, sb: &ContainerSandbox) {
+    env.substrate.destroy(sb).await.expect("destroy sandbox");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn isolation_from_the_inside() {
+    let aether = skip_unless_ready!();
+    let env = Env::new(aether, "iso");
+    let marker = env.base.join("host-marker");
+    std::fs::write(&marker, "secret").unwrap();
+    let spec = env.spec(1);
+    let dir = spec.dir.clone();
+    let sb = env.create(spec).await;
+
+    // aether is PID 1 and only the sandbox's processes are visible.
+    let o = sh(&sb, "cat /proc/1/comm; ls /proc | grep -cE '^[0-9]+$'").await;
+    let text = out(&o);
+    let mut lines = text.lines();
+    assert_eq!(lines.next(), Some("dsec-aether"), "{}", all(&o));
+    let nprocs: u32 = lines.next().and_then(|l| l.parse().ok()).unwrap_or(999);
+    assert!(nprocs < 8, "too many processes visible: {}", all(&o));
+
+    assert_eq!(out(&sh(&sb, "hostname").await), "box-1");
+
+    // Host paths are unreachable.
+    let o = sh(&sb, &format!("cat {} || echo absent", marker.display())).await;
+    assert_eq!(out(&o), "absent", "{}", all(&o));
+    let o = sh(&sb, "ls / | tr '\\n' ' '").await;
+    assert!(!out(&o).contains("work") && !out(&o).contains("var"), "{}", all(&o));
+
+    // Writes land in the upper dir; the lower is unchanged.
+    let o = sh(&sb, "echo data > /root/new && rm /etc/group && echo ok").await;
+    assert_eq!(out(&o), "ok", "{}", all(&o));
+    assert_eq!(std::fs::read_to_string(dir.join("upper/root/new")).unwrap(), "data\n");
+    assert!(!env.lower.join("root/new").exists());
+    assert!(env.lower.join("etc/group").exists());
+
+    // Masked entries.
+    let o = sh(&sb, "cat /proc/kcore | wc -c; cat /proc/kpagecgroup | wc -c; ls -A /sys/firmware | wc -l").await;
+    assert_eq!(out(&o).split_whitespace().collect::<Vec<_>>(), ["0", "0", "0"], "{}", all(&o));
+    let o = sh(&sb, "echo h > /proc/sysrq-trigger && echo wrote; echo 1 > /proc/sys/kernel/panic && echo wrote2; true").await;
+    assert!(!out(&o).contains("wrote"), "{}", all(&o));
+
+    // Root inside cannot escape.
+    for cmd in [
+        "mount -t tmpfs none /mnt",
+        "umount /proc",
+        "umount -l /sys/firmware",
+        "unshare -m true",
+        "unshare -n true",
+        "cat /proc/1/environ",
+        // Listing /proc/1/fd works for uid 0 (the dir is root's 0500), but nothing in it
+        // can be followed or read: aether is non-dumpable and nobody has CAP_SYS_PTRACE.
+        "readlink /proc/1/fd/3",
+        "cat /proc/1/fd/3 </dev/null",
+        "ls /proc/1/root/",
+        "readlink /proc/1/cwd",
+        "head -c1 /proc/1/mem",
+        "mknod /tmp/b b 8 0",
+        "insmod /lib/modules/x.ko",
+        "nsenter -t 1 -m true",
+        "chroot / mount -t proc p /mnt",
+        "hostname other",
+    ] {
+        let o = sh(&sb, &format!("{cmd} 2>/dev/null && echo ESCAPED")).await;
+        assert!(!out(&o).contains("ESCAPED"), "{cmd}: {}", all(&o));
+    }
+    let o = sh(&sb, "grep -E '^(CapBnd|NoNewPrivs|Seccomp):' /proc/self/status").await;
+    assert!(out(&o).contains("NoNewPrivs:\t1") && out(&o).contains("Seccomp:\t2"), "{}", all(&o));
+    assert!(out(&o).contains("CapBnd:\t00000000a00425fb"), "{}", all(&o));
+    // The edge's stdio is not inherited: aether's fds 0-2 point at /dev/null (checked from
+    // the host, since /proc/1/fd is unreadable inside).
+    for fd in 0..=2 {
+        let target = std::fs::read_link(format!("/proc/{}/fd/{fd}", sb.pid())).unwrap();
+        assert_eq!(target, Path::new("/dev/null"), "fd {fd}");
+    }
+
+    destroy(&env, &sb).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sandboxes_do_not_share_writes() {
+    let aether = skip_unless_ready!();
+    let env = Env::new(aether, "two");
+    let a = env.create(env.spec(1)).await;
+    let b = env.create(env.spec(2)).await;
+    assert_eq!(out(&sh(&a, "echo a > /tmp/only-a && echo ok").await), "ok");
+    assert_eq!(out(&sh(&b, "test -e /tmp/only-a && echo seen || echo unseen").await), "unseen");
+    assert_eq!(out(&sh(&b, "hostname").await), "box-2");
+    destroy(&env, &a).await;
+    destroy(&env, &b).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn memory_hog_is_oom_killed_and_sandbox_survives() {
+    let aether = skip_unless_ready!();
+    let env = Env::new(aether, "oom");
+    let mut spec = env.spec(1);
+    spec.memory_limit_mb = 64;
+    let sb = env.create(spec).await;
+    assert_eq!(sb.usage().oom_kills, 0);
+    let o = sh(&sb, "awk 'BEGIN { s = \"xxxxxxxxxxxxxxxx\"; while (1) s = s s }'; echo \"rc=$?\"").await;
+    assert!(out(&o).contains("rc=137"), "{}", all(&o));
+    assert!(sb.usage().oom_kills >= 1, "usage {:?}", sb.usage());
+    assert_eq!(out(&sh(&sb, "echo alive").await), "alive");
+    destroy(&env, &sb).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fork_bomb_is_held_by_pids_limit() {
+    let aether = skip_unless_ready!();
+    let env = Env::new(aether, "pids");
+    let sb = env.create(env.spec(1)).await;
+    // The loop runs in a child shell: ash gives up on the script once fork fails.
+    let o = sh(&sb, "sh -c 'for i in $(seq 1 200); do sleep 60 & done' >/dev/null 2>&1; echo started").await;
+    assert!(out(&o).contains("started"), "{}", all(&o));
+    let pids = sb.usage().pids;
+    assert!(pids <= 64 && pids >= 50, "pids {pids}");
+    // At the limit nothing can fork (not even pkill): the shell's builtin kill still works.
+    let o = sh(&sb, "kill -9 -1; echo recovered").await;
+    assert_eq!(out(&o), "recovered", "{}", all(&o));
+    let mut usage = sb.usage();
+    for _ in 0..50 {
+        if usage.pids < 10 {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+        usage = sb.usage();
+    }
+    assert!(usage.pids < 10, "usage {usage:?}: {}", all(&sh(&sb, "ps -o pid,stat,comm | head -5").await));
+    assert_eq!(out(&sh(&sb, "ls / >/dev/null && echo forks").await), "forks");
+    destroy(&env, &sb).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn destroy_leaves_nothing() {
+    let aether = skip_unless_ready!();
+    let env = Env::new(aether, "dst");
+    let spec = env.spec(1);
+    let dir = spec.dir.clone();
+    let sb = env.create(spec).await;
+    let o = sh(&sb, "sleep 1000 & sleep 1000 & echo bg").await;
+    assert_eq!(out(&o), "bg");
+    let pids = sb.cgroup().procs().unwrap();
+    assert!(pids.len() >= 3, "{pids:?}");
+    assert_eq!(env.cgroup_children().len(), 1);
+    let exited = sb.exited();
+    destroy(&env, &sb).await;
+    let status = exited.await;
+    eprintln!("aether ended: {status:?}");
+    for pid in pids {
+        assert!(!Path::new(&format!("/proc/{pid}")).exists(), "pid {pid} survived");
+    }
+    assert!(env.cgroup_children().is_empty(), "{:?}", env.cgroup_children());
+    for d in ["upper", "work", "rootfs"] {
+        assert!(!dir.join(d).exists(), "{d} left behind");
+    }
+    assert!(dir.exists(), "the edge's sandbox dir must stay");
+    // Idempotent.
+    destroy(&env, &sb).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn failed_setup_rolls_back() {
+    let aether = skip_unless_ready!();
+    let env = Env::new(aether, "fail");
+    let spec = env.spec(1);
+    // aether refuses a relative masked path, after the cgroup, dirs and process exist.
+    let substrate = env.substrate.clone().mask_more(["relative/path".to_string()]);
+    let dir = spec.dir.clone();
+    let err = match substrate.create(spec).await {
+        Ok(sb) => {
+            destroy(&env, &sb).await;
+            panic!("setup with a relative masked path should fail");
+        }
+        Err(e) => e,
+    };
+    eprintln!("create failed as expected: {err}");
+    assert!(matches!(err, CreateSandboxError::Setup(_)), "{err}");
+    assert!(env.cgroup_children().is_empty());
+    assert!(!dir.join("upper").exists() && !dir.join("work").exists());
+
+    // A missing aether binary fails at exec and rolls back too.
+    let spec = env.spec(2);
+    let dir = spec.dir.clone();
+    let broken = ContainerSubstrate::new(ContainerConfig {
+        aether_path: env.base.join("no-such-aether"),
+        cgroup_parent: env.parent.clone(),
+        shm_mb: 16,
+    });
+    let err = broken.create(spec).await.err().expect("create must fail");
+    eprintln!("create failed as expected: {err}");
+    assert!(matches!(err, CreateSandboxError::Spawn(_)), "{err}");
+    assert!(err.to_string().contains("exec aether"), "{err}");
+    assert!(env.cgroup_children().is_empty());
+    assert!(!dir.join("upper").exists());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reap_orphans_removes_unknown_cgroups() {
+    let aether = skip_unless_ready!();
+    let env = Env::new(aether, "reap");
+    let keep = env.create(env.spec(1)).await;
+    let orphan = env.create(env.spec(2)).await;
+    let orphan_pids = orphan.cgroup().procs().unwrap();
+    let reaped = env.substrate.reap_orphans(&[keep.id().to_string()]).await;
+    assert_eq!(reaped, vec![orphan.id().to_string()]);
+    for pid in orphan_pids {
+        assert!(!Path::new(&format!("/proc/{pid}")).exists(), "pid {pid} survived");
+    }
+    assert_eq!(out(&sh(&keep, "echo still").await), "still");
+    destroy(&env, &orphan).await;
+    destroy(&env, &keep).await;
+}
