@@ -41,8 +41,16 @@ impl Drop for RawMode {
     }
 }
 
+/// The terminal size, 80x24 when unknown (not a terminal, or a pty that reports 0x0).
+fn terminal_size() -> (u16, u16) {
+    match crossterm::terminal::size() {
+        Ok((c, r)) if c > 0 && r > 0 => (c, r),
+        _ => (80, 24),
+    }
+}
+
 pub async fn shell(c: &Client, a: ShellArgs) -> anyhow::Result<()> {
-    let (cols, rows) = crossterm::terminal::size().unwrap_or((80, 24));
+    let (cols, rows) = terminal_size();
     let ws = c
         .tty(&a.id, rows, cols, a.session.as_deref())
         .await
@@ -98,7 +106,8 @@ pub async fn shell(c: &Client, a: ShellArgs) -> anyhow::Result<()> {
                 None => stdin_open = false,
             },
             _ = winch.recv() => {
-                if let Ok((cols, rows)) = crossterm::terminal::size() {
+                {
+                    let (cols, rows) = terminal_size();
                     let ctl = serde_json::to_string(&TtyControl::Resize { rows, cols })?;
                     let _ = tx.send(Message::text(ctl)).await;
                 }
