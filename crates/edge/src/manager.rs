@@ -391,7 +391,9 @@ impl Manager {
                 self.metrics.sandboxes_running.inc();
                 if self.shutting_down.load(Ordering::SeqCst) {
                     // Shutdown began while this create ran: do not leave it behind.
-                    let ended = self.finish(&entry, End::Stopped("the edge shut down".into())).await;
+                    let ended = self
+                        .finish(&entry, End::Stopped("the edge shut down".into()))
+                        .await;
                     return Err(EdgeError::Unavailable(format!(
                         "node {} shut down while sandbox {} was being created; it was {:?}",
                         self.cfg.node_id, ended.id, ended.state
@@ -1032,6 +1034,117 @@ mod tests {
         for bad in ["", "a..b", "a_b", &"a".repeat(65)] {
             assert!(validate_hostname(bad).is_err(), "{bad}");
         }
+    }
+
+    /// Admission is pure bookkeeping: a driver that must never be called is enough.
+    struct NoDriver;
+
+    impl Driver for NoDriver {
+        fn kind(&self) -> Substrate {
+            Substrate::Container
+        }
+        fn create(
+            &self,
+            _spec: SandboxSpec,
+        ) -> crate::substrate::BoxFut<
+            '_,
+            Result<Box<dyn LiveSandbox>, dsec_runtime::substrate::CreateSandboxError>,
+        > {
+            unreachable!("admission tests do not create sandboxes")
+        }
+        fn reap_orphans(
+            &self,
+            _known_live: Vec<String>,
+        ) -> crate::substrate::BoxFut<'_, Vec<String>> {
+            Box::pin(async { Vec::new() })
+        }
+    }
+
+    fn manager(cfg: EdgeConfig, dir: &Path) -> Manager {
+        let images = Arc::new(ImageStore::open(dir.join("images")).unwrap());
+        Manager::new(
+            Arc::new(cfg),
+            Arc::new(NoDriver),
+            images,
+            Arc::new(Metrics::new("n0")),
+        )
+    }
+
+    fn limits(memory_mb: u64, cpu: f64) -> Validated {
+        Validated {
+            image: "busybox:latest".into(),
+            memory_mb,
+            cpu,
+            pids: 64,
+            user: "root".into(),
+            hostname: None,
+        }
+    }
+
+    #[test]
+    fn admission() {
+        let tmp = tempfile::tempdir().unwrap();
+        let cfg = EdgeConfig {
+            capacity: 3,
+            memory_mb_total: Some(1000),
+            memory_overcommit: 1.0,
+            cpu_cores_total: Some(2.0),
+            cpu_overcommit: 2.0,
+            ..EdgeConfig::default()
+        };
+        let m = manager(cfg, tmp.path());
+        assert!(m
+            .admit("sb-n0-0000000000000001", &limits(600, 1.0), Some("k"))
+            .unwrap()
+            .is_none());
+        let e = m
+            .admit("sb-n0-0000000000000002", &limits(500, 1.0), None)
+            .unwrap_err();
+        assert_eq!(e.code(), "node_full");
+        assert!(e.to_string().contains("MiB"), "{e}");
+        let e = m
+            .admit("sb-n0-0000000000000002", &limits(100, 3.5), None)
+            .unwrap_err();
+        assert!(e.to_string().contains("cores"), "{e}");
+        let e = m
+            .admit("sb-n0-0000000000000002", &limits(100, 1.0), Some("k"))
+            .unwrap_err();
+        assert_eq!(
+            e.code(),
+            "conflict",
+            "same idempotency key while the first create runs"
+        );
+        assert!(m
+            .admit("sb-n0-0000000000000002", &limits(100, 1.0), None)
+            .unwrap()
+            .is_none());
+        assert!(m
+            .admit("sb-n0-0000000000000003", &limits(100, 1.0), None)
+            .unwrap()
+            .is_none());
+        let e = m
+            .admit("sb-n0-0000000000000004", &limits(10, 0.1), None)
+            .unwrap_err();
+        assert!(e.to_string().contains("3 of 3"), "{e}");
+        let st = m.status();
+        assert_eq!(
+            st.memory_mb_allocated, 800,
+            "creates in progress count as allocated"
+        );
+        assert_eq!(st.sandboxes_running, 0);
+        assert_eq!(st.capacity_sandboxes, 3);
+    }
+
+    #[test]
+    fn unknown_and_malformed_ids() {
+        let tmp = tempfile::tempdir().unwrap();
+        let m = manager(EdgeConfig::default(), tmp.path());
+        assert_eq!(m.get("../etc").unwrap_err().code(), "sandbox_not_found");
+        assert_eq!(
+            m.get("sb-n0-0000000000000001").unwrap_err().code(),
+            "sandbox_not_found"
+        );
+        assert!(m.list().sandboxes.is_empty());
     }
 
     #[test]

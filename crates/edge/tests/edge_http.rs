@@ -267,6 +267,46 @@ async fn edge_http_end_to_end() {
     let msg = expect_error(r, 400, "bad_request").await;
     assert!(msg.contains("memory_limit_mb"), "{msg}");
 
+    // --- a create that fails inside (unknown user) leaves nothing behind ---
+    let r = api
+        .post("/edge/v1/sandboxes")
+        .json(&json!({"image": "busybox", "init_user": "nosuchuser"}))
+        .send()
+        .await
+        .unwrap();
+    let status = r.status().as_u16();
+    let text = r.text().await.unwrap();
+    assert!(status >= 400, "{status} {text}");
+    assert!(
+        text.contains("nosuchuser"),
+        "the error names the user: {text}"
+    );
+    let left: Vec<_> = std::fs::read_dir(tmp.path().join("edge/sandboxes"))
+        .unwrap()
+        .collect();
+    assert!(left.is_empty(), "failed create left {left:?}");
+    let st: NodeStatus = api
+        .get("/edge/v1/status")
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!((st.memory_mb_allocated, st.sandboxes_running), (0, 0));
+    for d in cgroup_dirs(&node) {
+        let children: Vec<_> = std::fs::read_dir(&d)
+            .unwrap()
+            .flatten()
+            .filter(|e| e.path().is_dir())
+            .collect();
+        assert!(
+            children.is_empty(),
+            "failed create left cgroups in {}",
+            d.display()
+        );
+    }
+
     // --- create ---
     let r = api
         .post("/edge/v1/sandboxes")
