@@ -28,7 +28,9 @@ fn aether_path() -> Result<PathBuf, String> {
         .filter_map(|p| Some((std::fs::metadata(&p).ok()?.modified().ok()?, p)))
         .max()
         .map(|(_, p)| p)
-        .ok_or_else(|| "no dsec-aether binary (cargo build -p dsec-aether, or set DSEC_AETHER)".into())
+        .ok_or_else(|| {
+            "no dsec-aether binary (cargo build -p dsec-aether, or set DSEC_AETHER)".into()
+        })
 }
 
 fn preconditions() -> Result<PathBuf, String> {
@@ -39,7 +41,10 @@ fn preconditions() -> Result<PathBuf, String> {
     if !Path::new("/bin/busybox").is_file() {
         return Err("needs /bin/busybox (busybox-static)".into());
     }
-    if !std::fs::read_to_string("/proc/filesystems").unwrap_or_default().contains("overlay") {
+    if !std::fs::read_to_string("/proc/filesystems")
+        .unwrap_or_default()
+        .contains("overlay")
+    {
         return Err("needs overlayfs".into());
     }
     aether_path()
@@ -59,11 +64,27 @@ macro_rules! skip_unless_ready {
 
 /// A busybox root file system in a directory.
 fn build_rootfs(root: &Path) {
-    for d in ["bin", "sbin", "usr/bin", "usr/sbin", "etc", "proc", "sys", "dev", "tmp", "root", "home/user", "mnt"] {
+    for d in [
+        "bin",
+        "sbin",
+        "usr/bin",
+        "usr/sbin",
+        "etc",
+        "proc",
+        "sys",
+        "dev",
+        "tmp",
+        "root",
+        "home/user",
+        "mnt",
+    ] {
         std::fs::create_dir_all(root.join(d)).unwrap();
     }
     std::fs::copy("/bin/busybox", root.join("bin/busybox")).unwrap();
-    let list = std::process::Command::new("/bin/busybox").arg("--list-full").output().unwrap();
+    let list = std::process::Command::new("/bin/busybox")
+        .arg("--list-full")
+        .output()
+        .unwrap();
     for applet in String::from_utf8_lossy(&list.stdout).lines() {
         let link = root.join(applet);
         if applet.is_empty() || link.exists() || applet == "bin/busybox" {
@@ -76,7 +97,11 @@ fn build_rootfs(root: &Path) {
         "root:x:0:0:root:/root:/bin/sh\nuser:x:1000:1000:user:/home/user:/bin/sh\n",
     )
     .unwrap();
-    std::fs::write(root.join("etc/group"), "root:x:0:\ntty:x:5:\nuser:x:1000:\n").unwrap();
+    std::fs::write(
+        root.join("etc/group"),
+        "root:x:0:\ntty:x:5:\nuser:x:1000:\n",
+    )
+    .unwrap();
     use std::os::unix::fs::PermissionsExt;
     std::fs::set_permissions(root.join("tmp"), std::fs::Permissions::from_mode(0o1777)).unwrap();
     std::os::unix::fs::chown(root.join("home/user"), Some(1000), Some(1000)).unwrap();
@@ -92,7 +117,10 @@ struct Env {
 
 impl Env {
     fn new(aether: PathBuf, tag: &str) -> Env {
-        let tmp = tempfile::Builder::new().prefix("dsec-ct-").tempdir_in("/var/tmp").unwrap();
+        let tmp = tempfile::Builder::new()
+            .prefix("dsec-ct-")
+            .tempdir_in("/var/tmp")
+            .unwrap();
         let base = tmp.path().to_path_buf();
         let lower = base.join("lower");
         build_rootfs(&lower);
@@ -102,7 +130,13 @@ impl Env {
             cgroup_parent: parent.clone(),
             shm_mb: 16,
         });
-        Env { _tmp: tmp, base, lower, substrate, parent }
+        Env {
+            _tmp: tmp,
+            base,
+            lower,
+            substrate,
+            parent,
+        }
     }
 
     fn spec(&self, n: u64) -> SandboxSpec {
@@ -137,8 +171,16 @@ impl Env {
 
 impl Drop for Env {
     fn drop(&mut self) {
-        // Best effort: remove the per-test cgroup parents (children are destroyed by the tests).
+        // A failed test may leave sandboxes behind: kill them and remove their cgroups, then
+        // the per-test cgroup parents. (Their mounts die with their mount namespaces.)
         let root = CgroupRoot::detect();
+        for id in Cgroup::list(&root, &self.parent).unwrap_or_default() {
+            if let Ok(cg) = Cgroup::open(&root, &self.parent, &id) {
+                if let Err(e) = cg.destroy() {
+                    eprintln!("cleanup {id}: {e}");
+                }
+            }
+        }
         let mut dirs = Vec::new();
         match root.version {
             dsec_runtime::cgroup::CgroupVersion::V1 => {
@@ -176,7 +218,12 @@ fn out(o: &CommandOutput) -> String {
 }
 
 fn all(o: &CommandOutput) -> String {
-    format!("stdout={:?} stderr={:?} exit={}", out(o), String::from_utf8_lossy(&o.stderr), o.outcome.exit_code)
+    format!(
+        "stdout={:?} stderr={:?} exit={}",
+        out(o),
+        String::from_utf8_lossy(&o.stderr),
+        o.outcome.exit_code
+    )
 }
 
 async fn destroy(env: &Env, sb: &ContainerSandbox) {
@@ -207,18 +254,34 @@ async fn isolation_from_the_inside() {
     let o = sh(&sb, &format!("cat {} || echo absent", marker.display())).await;
     assert_eq!(out(&o), "absent", "{}", all(&o));
     let o = sh(&sb, "ls / | tr '\\n' ' '").await;
-    assert!(!out(&o).contains("work") && !out(&o).contains("var"), "{}", all(&o));
+    assert!(
+        !out(&o).contains("work") && !out(&o).contains("var"),
+        "{}",
+        all(&o)
+    );
 
     // Writes land in the upper dir; the lower is unchanged.
     let o = sh(&sb, "echo data > /root/new && rm /etc/group && echo ok").await;
     assert_eq!(out(&o), "ok", "{}", all(&o));
-    assert_eq!(std::fs::read_to_string(dir.join("upper/root/new")).unwrap(), "data\n");
+    assert_eq!(
+        std::fs::read_to_string(dir.join("upper/root/new")).unwrap(),
+        "data\n"
+    );
     assert!(!env.lower.join("root/new").exists());
     assert!(env.lower.join("etc/group").exists());
 
     // Masked entries.
-    let o = sh(&sb, "cat /proc/kcore | wc -c; cat /proc/kpagecgroup | wc -c; ls -A /sys/firmware | wc -l").await;
-    assert_eq!(out(&o).split_whitespace().collect::<Vec<_>>(), ["0", "0", "0"], "{}", all(&o));
+    let o = sh(
+        &sb,
+        "cat /proc/kcore | wc -c; cat /proc/kpagecgroup | wc -c; ls -A /sys/firmware | wc -l",
+    )
+    .await;
+    assert_eq!(
+        out(&o).split_whitespace().collect::<Vec<_>>(),
+        ["0", "0", "0"],
+        "{}",
+        all(&o)
+    );
     let o = sh(&sb, "echo h > /proc/sysrq-trigger && echo wrote; echo 1 > /proc/sys/kernel/panic && echo wrote2; true").await;
     assert!(!out(&o).contains("wrote"), "{}", all(&o));
 
@@ -246,8 +309,16 @@ async fn isolation_from_the_inside() {
         let o = sh(&sb, &format!("{cmd} 2>/dev/null && echo ESCAPED")).await;
         assert!(!out(&o).contains("ESCAPED"), "{cmd}: {}", all(&o));
     }
-    let o = sh(&sb, "grep -E '^(CapBnd|NoNewPrivs|Seccomp):' /proc/self/status").await;
-    assert!(out(&o).contains("NoNewPrivs:\t1") && out(&o).contains("Seccomp:\t2"), "{}", all(&o));
+    let o = sh(
+        &sb,
+        "grep -E '^(CapBnd|NoNewPrivs|Seccomp):' /proc/self/status",
+    )
+    .await;
+    assert!(
+        out(&o).contains("NoNewPrivs:\t1") && out(&o).contains("Seccomp:\t2"),
+        "{}",
+        all(&o)
+    );
     assert!(out(&o).contains("CapBnd:\t00000000a00425fb"), "{}", all(&o));
     // The edge's stdio is not inherited: aether's fds 0-2 point at /dev/null (checked from
     // the host, since /proc/1/fd is unreadable inside).
@@ -266,7 +337,10 @@ async fn sandboxes_do_not_share_writes() {
     let a = env.create(env.spec(1)).await;
     let b = env.create(env.spec(2)).await;
     assert_eq!(out(&sh(&a, "echo a > /tmp/only-a && echo ok").await), "ok");
-    assert_eq!(out(&sh(&b, "test -e /tmp/only-a && echo seen || echo unseen").await), "unseen");
+    assert_eq!(
+        out(&sh(&b, "test -e /tmp/only-a && echo seen || echo unseen").await),
+        "unseen"
+    );
     assert_eq!(out(&sh(&b, "hostname").await), "box-2");
     destroy(&env, &a).await;
     destroy(&env, &b).await;
@@ -280,7 +354,11 @@ async fn memory_hog_is_oom_killed_and_sandbox_survives() {
     spec.memory_limit_mb = 64;
     let sb = env.create(spec).await;
     assert_eq!(sb.usage().oom_kills, 0);
-    let o = sh(&sb, "awk 'BEGIN { s = \"xxxxxxxxxxxxxxxx\"; while (1) s = s s }'; echo \"rc=$?\"").await;
+    let o = sh(
+        &sb,
+        "awk 'BEGIN { s = \"xxxxxxxxxxxxxxxx\"; while (1) s = s s }'; echo \"rc=$?\"",
+    )
+    .await;
     assert!(out(&o).contains("rc=137"), "{}", all(&o));
     assert!(sb.usage().oom_kills >= 1, "usage {:?}", sb.usage());
     assert_eq!(out(&sh(&sb, "echo alive").await), "alive");
@@ -293,10 +371,14 @@ async fn fork_bomb_is_held_by_pids_limit() {
     let env = Env::new(aether, "pids");
     let sb = env.create(env.spec(1)).await;
     // The loop runs in a child shell: ash gives up on the script once fork fails.
-    let o = sh(&sb, "sh -c 'for i in $(seq 1 200); do sleep 60 & done' >/dev/null 2>&1; echo started").await;
+    let o = sh(
+        &sb,
+        "sh -c 'for i in $(seq 1 200); do sleep 60 & done' >/dev/null 2>&1; echo started",
+    )
+    .await;
     assert!(out(&o).contains("started"), "{}", all(&o));
     let pids = sb.usage().pids;
-    assert!(pids <= 64 && pids >= 50, "pids {pids}");
+    assert!((50..=64).contains(&pids), "pids {pids}");
     // At the limit nothing can fork (not even pkill): the shell's builtin kill still works.
     let o = sh(&sb, "kill -9 -1; echo recovered").await;
     assert_eq!(out(&o), "recovered", "{}", all(&o));
@@ -308,8 +390,15 @@ async fn fork_bomb_is_held_by_pids_limit() {
         tokio::time::sleep(std::time::Duration::from_millis(100)).await;
         usage = sb.usage();
     }
-    assert!(usage.pids < 10, "usage {usage:?}: {}", all(&sh(&sb, "ps -o pid,stat,comm | head -5").await));
-    assert_eq!(out(&sh(&sb, "ls / >/dev/null && echo forks").await), "forks");
+    assert!(
+        usage.pids < 10,
+        "usage {usage:?}: {}",
+        all(&sh(&sb, "ps -o pid,stat,comm | head -5").await)
+    );
+    assert_eq!(
+        out(&sh(&sb, "ls / >/dev/null && echo forks").await),
+        "forks"
+    );
     destroy(&env, &sb).await;
 }
 
@@ -330,9 +419,16 @@ async fn destroy_leaves_nothing() {
     let status = exited.await;
     eprintln!("aether ended: {status:?}");
     for pid in pids {
-        assert!(!Path::new(&format!("/proc/{pid}")).exists(), "pid {pid} survived");
+        assert!(
+            !Path::new(&format!("/proc/{pid}")).exists(),
+            "pid {pid} survived"
+        );
     }
-    assert!(env.cgroup_children().is_empty(), "{:?}", env.cgroup_children());
+    assert!(
+        env.cgroup_children().is_empty(),
+        "{:?}",
+        env.cgroup_children()
+    );
     for d in ["upper", "work", "rootfs"] {
         assert!(!dir.join(d).exists(), "{d} left behind");
     }
@@ -347,7 +443,10 @@ async fn failed_setup_rolls_back() {
     let env = Env::new(aether, "fail");
     let spec = env.spec(1);
     // aether refuses a relative masked path, after the cgroup, dirs and process exist.
-    let substrate = env.substrate.clone().mask_more(["relative/path".to_string()]);
+    let substrate = env
+        .substrate
+        .clone()
+        .mask_more(["relative/path".to_string()]);
     let dir = spec.dir.clone();
     let err = match substrate.create(spec).await {
         Ok(sb) => {
@@ -387,7 +486,10 @@ async fn reap_orphans_removes_unknown_cgroups() {
     let reaped = env.substrate.reap_orphans(&[keep.id().to_string()]).await;
     assert_eq!(reaped, vec![orphan.id().to_string()]);
     for pid in orphan_pids {
-        assert!(!Path::new(&format!("/proc/{pid}")).exists(), "pid {pid} survived");
+        assert!(
+            !Path::new(&format!("/proc/{pid}")).exists(),
+            "pid {pid} survived"
+        );
     }
     assert_eq!(out(&sh(&keep, "echo still").await), "still");
     destroy(&env, &orphan).await;

@@ -27,12 +27,18 @@ fn aether_path() -> Option<PathBuf> {
 }
 
 fn fd_count() -> usize {
-    std::fs::read_dir("/proc/self/fd").map(|d| d.count()).unwrap_or(0)
+    std::fs::read_dir("/proc/self/fd")
+        .map(|d| d.count())
+        .unwrap_or(0)
 }
 
 fn mount_lines_mentioning(p: &Path) -> usize {
     let needle = p.to_string_lossy().to_string();
-    std::fs::read_to_string("/proc/self/mountinfo").unwrap_or_default().lines().filter(|l| l.contains(&needle)).count()
+    std::fs::read_to_string("/proc/self/mountinfo")
+        .unwrap_or_default()
+        .lines()
+        .filter(|l| l.contains(&needle))
+        .count()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -47,10 +53,15 @@ async fn fifty_cycles_leak_nothing() {
         return;
     }
     let Some(aether) = aether_path() else {
-        eprintln!("skipping: no dsec-aether binary (cargo build -p dsec-aether, or set DSEC_AETHER)");
+        eprintln!(
+            "skipping: no dsec-aether binary (cargo build -p dsec-aether, or set DSEC_AETHER)"
+        );
         return;
     };
-    let tmp = tempfile::Builder::new().prefix("dsec-leak-").tempdir_in("/var/tmp").unwrap();
+    let tmp = tempfile::Builder::new()
+        .prefix("dsec-leak-")
+        .tempdir_in("/var/tmp")
+        .unwrap();
     let lower = tmp.path().join("lower");
     for d in ["bin", "etc", "proc", "sys", "dev", "tmp", "root"] {
         std::fs::create_dir_all(lower.join(d)).unwrap();
@@ -62,11 +73,18 @@ async fn fifty_cycles_leak_nothing() {
     std::fs::write(lower.join("etc/group"), "root:x:0:\n").unwrap();
 
     let parent = format!("dsec-test/leak-{}", std::process::id());
-    let substrate = ContainerSubstrate::new(ContainerConfig { aether_path: aether, cgroup_parent: parent.clone(), shm_mb: 8 });
+    let substrate = ContainerSubstrate::new(ContainerConfig {
+        aether_path: aether,
+        cgroup_parent: parent.clone(),
+        shm_mb: 8,
+    });
     let root = CgroupRoot::detect();
 
     // Warm up once so lazily created runtime fds (epoll, blocking pool) exist before counting.
-    let mounts_before = std::fs::read_to_string("/proc/self/mountinfo").unwrap().lines().count();
+    let mounts_before = std::fs::read_to_string("/proc/self/mountinfo")
+        .unwrap()
+        .lines()
+        .count();
     let mut fds_before = None;
     let mut pids = Vec::new();
     for i in 0..51u64 {
@@ -84,7 +102,10 @@ async fn fifty_cycles_leak_nothing() {
             user: "root".into(),
             env: BTreeMap::new(),
         };
-        let sb = substrate.create(spec).await.unwrap_or_else(|e| panic!("cycle {i}: create: {e}"));
+        let sb = substrate
+            .create(spec)
+            .await
+            .unwrap_or_else(|e| panic!("cycle {i}: create: {e}"));
         pids.push(sb.pid());
         let req = Request::RunShell {
             session: "s".into(),
@@ -95,11 +116,26 @@ async fn fifty_cycles_leak_nothing() {
             max_output: 4096,
             stream: false,
         };
-        let out = sb.aether().run(req, Bytes::new()).await.unwrap_or_else(|e| panic!("cycle {i}: run: {e}"));
-        assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), "ok", "cycle {i}");
-        substrate.destroy(&sb).await.unwrap_or_else(|e| panic!("cycle {i}: destroy: {e}"));
+        let out = sb
+            .aether()
+            .run(req, Bytes::new())
+            .await
+            .unwrap_or_else(|e| panic!("cycle {i}: run: {e}"));
+        assert_eq!(
+            String::from_utf8_lossy(&out.stdout).trim(),
+            "ok",
+            "cycle {i}"
+        );
+        substrate
+            .destroy(&sb)
+            .await
+            .unwrap_or_else(|e| panic!("cycle {i}: destroy: {e}"));
         drop(sb);
-        assert!(!dir.join("upper").exists() && !dir.join("work").exists() && !dir.join("rootfs").exists());
+        assert!(
+            !dir.join("upper").exists()
+                && !dir.join("work").exists()
+                && !dir.join("rootfs").exists()
+        );
         std::fs::remove_dir(&dir).unwrap();
         if i == 0 {
             fds_before = Some(fd_count());
@@ -108,13 +144,28 @@ async fn fifty_cycles_leak_nothing() {
     // Let the runtime drop any finished watcher tasks.
     tokio::time::sleep(std::time::Duration::from_millis(200)).await;
     let fds_after = fd_count();
-    let mounts_after = std::fs::read_to_string("/proc/self/mountinfo").unwrap().lines().count();
-    eprintln!("fds {fds_before:?} -> {fds_after}, mountinfo lines {mounts_before} -> {mounts_after}");
+    let mounts_after = std::fs::read_to_string("/proc/self/mountinfo")
+        .unwrap()
+        .lines()
+        .count();
+    eprintln!(
+        "fds {fds_before:?} -> {fds_after}, mountinfo lines {mounts_before} -> {mounts_after}"
+    );
     assert_eq!(Some(fds_after), fds_before, "fd leak");
-    assert_eq!(mount_lines_mentioning(tmp.path()), 0, "a sandbox mount is visible on the host");
-    assert!(Cgroup::list(&root, &parent).unwrap().is_empty(), "cgroup dirs left");
+    assert_eq!(
+        mount_lines_mentioning(tmp.path()),
+        0,
+        "a sandbox mount is visible on the host"
+    );
+    assert!(
+        Cgroup::list(&root, &parent).unwrap().is_empty(),
+        "cgroup dirs left"
+    );
     for pid in pids {
-        assert!(!Path::new(&format!("/proc/{pid}")).exists(), "aether pid {pid} still exists");
+        assert!(
+            !Path::new(&format!("/proc/{pid}")).exists(),
+            "aether pid {pid} still exists"
+        );
     }
     // Remove the test's cgroup parents.
     for c in ["memory", "cpu", "pids", "freezer", ""] {

@@ -104,7 +104,11 @@ fn fd_hygiene() -> std::io::Result<()> {
     let keep: Vec<(u64, u64)> = (3..=KEEP_FDS_UP_TO).filter_map(fd_identity).collect();
     let mut open = Vec::new();
     for entry in std::fs::read_dir("/proc/self/fd")? {
-        if let Some(fd) = entry?.file_name().to_str().and_then(|n| n.parse::<RawFd>().ok()) {
+        if let Some(fd) = entry?
+            .file_name()
+            .to_str()
+            .and_then(|n| n.parse::<RawFd>().ok())
+        {
             open.push(fd);
         }
     }
@@ -113,7 +117,10 @@ fn fd_hygiene() -> std::io::Result<()> {
             close(fd);
         }
     }
-    let null = std::fs::OpenOptions::new().read(true).write(true).open("/dev/null")?;
+    let null = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open("/dev/null")?;
     for fd in 0..=2 {
         dup2(std::os::fd::AsRawFd::as_raw_fd(&null), fd)?;
     }

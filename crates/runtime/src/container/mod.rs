@@ -553,7 +553,8 @@ mod tests {
     fn validates_specs() {
         let d = tempfile::tempdir().unwrap();
         assert!(validate_spec(&spec(d.path())).is_ok());
-        let cases: Vec<Box<dyn Fn(&mut SandboxSpec)>> = vec![
+        type Mutation = Box<dyn Fn(&mut SandboxSpec)>;
+        let cases: Vec<Mutation> = vec![
             Box::new(|s| s.id = "../etc".into()),
             Box::new(|s| s.hostname = "a b".into()),
             Box::new(|s| s.hostname = String::new()),

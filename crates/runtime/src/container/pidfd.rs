@@ -130,6 +130,7 @@ mod tests {
     }
 
     #[tokio::test]
+    #[allow(clippy::zombie_processes)] // reaped through the pidfd by the watcher, not by Child::wait
     async fn watches_exit_code_and_signal() {
         let child = std::process::Command::new("/bin/sh")
             .args(["-c", "exit 7"])

@@ -254,7 +254,7 @@ fn read_full(fd: &OwnedFd, buf: &mut [u8]) -> io::Result<usize> {
 /// # Safety
 /// Must only be called in the child of a fork-like clone, with `plan` built before the clone.
 unsafe fn child_main(plan: &Plan, chan: RawFd, err_fd: RawFd) -> ! {
-    // SAFETY (whole function): every call is a raw system call or an async-signal-safe libc
+    // SAFETY: every call is a raw system call or an async-signal-safe libc
     // function on memory that was fully prepared before the clone and is not mutated.
     unsafe {
         let fail = |step: u8| child_fail(err_fd, step);
