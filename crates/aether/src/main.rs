@@ -4,7 +4,7 @@
 //! path inside the sandbox). Reads `Setup`, builds the sandbox ([`setup`]), answers `Ready`, then
 //! serves requests until the channel closes or `Shutdown` arrives.
 //!
-//! `--mode bare [--fd N]` skips setup (tests on the host, VM guests): it sends `Ready` with id 0
+//! `--mode bare [--fd N] [--reattach-grace-ms MS]` skips setup (tests on the host, VM guests): it sends `Ready` with id 0
 //! unsolicited and serves as the current user.
 //!
 //! Threads: the main thread reads frames and dispatches; quick requests (file chunks, cancel,
@@ -50,12 +50,15 @@ enum Mode {
 struct Args {
     mode: Mode,
     fd: RawFd,
+    /// Bare mode only (containers take it from `Setup`).
+    reattach_grace_ms: u64,
 }
 
 fn parse_args(args: &[String]) -> Result<Args, String> {
     let mut a = Args {
         mode: Mode::Container,
         fd: 3,
+        reattach_grace_ms: 0,
     };
     let mut it = args.iter();
     while let Some(arg) = it.next() {
@@ -72,6 +75,12 @@ fn parse_args(args: &[String]) -> Result<Args, String> {
                     .filter(|&fd| fd >= 0)
                     .ok_or("--fd needs a file descriptor number")?;
             }
+            "--reattach-grace-ms" => {
+                a.reattach_grace_ms = it
+                    .next()
+                    .and_then(|v| v.parse().ok())
+                    .ok_or("--reattach-grace-ms needs a number of milliseconds")?;
+            }
             "--version" => {
                 println!("dsec-aether {VERSION}");
                 std::process::exit(0);
@@ -79,8 +88,13 @@ fn parse_args(args: &[String]) -> Result<Args, String> {
             other => return Err(format!("unknown argument {other:?}")),
         }
     }
-    if a.mode == Mode::Container && a.fd != 3 {
-        return Err("--fd is only for --mode bare (containers always use fd 3)".into());
+    if a.mode == Mode::Container && (a.fd != 3 || a.reattach_grace_ms != 0) {
+        return Err("--fd and --reattach-grace-ms are only for --mode bare".into());
+    }
+    if a.fd == REATTACH_FD && a.reattach_grace_ms != 0 {
+        return Err(format!(
+            "fd {REATTACH_FD} is the reattach listener, not the channel"
+        ));
     }
     Ok(a)
 }
@@ -154,7 +168,7 @@ fn main() {
                 },
                 &[],
             );
-            (users::current(), BTreeMap::new(), 0)
+            (users::current(), BTreeMap::new(), args.reattach_grace_ms)
         }
         Mode::Container => match container_setup(chan.as_raw_fd(), &w) {
             Ok(v) => v,
@@ -258,6 +272,9 @@ fn serve(srv: &Arc<Server>, mut chan: OwnedFd, grace_ms: u64) {
                 match reattach(grace_ms) {
                     Some(fd) => match fd.try_clone() {
                         Ok(wfd) => {
+                            // Requests of the old edge end now (their replies may still reach
+                            // the new edge, which must use fresh ids); sessions survive.
+                            srv.cancel_all();
                             srv.w.replace(wfd);
                             chan = fd;
                             srv.w.send(
@@ -348,14 +365,16 @@ mod tests {
             parse_args(&[]).unwrap(),
             Args {
                 mode: Mode::Container,
-                fd: 3
+                fd: 3,
+                reattach_grace_ms: 0
             }
         );
         assert_eq!(
             parse_args(&s(&["--mode", "bare", "--fd", "7"])).unwrap(),
             Args {
                 mode: Mode::Bare,
-                fd: 7
+                fd: 7,
+                reattach_grace_ms: 0
             }
         );
         assert!(parse_args(&s(&["--mode", "vm"])).is_err());

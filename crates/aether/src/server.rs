@@ -104,6 +104,15 @@ impl Server {
         })
     }
 
+    /// Cancels every running request and drops unfinished uploads (after a reattach).
+    pub fn cancel_all(&self) {
+        for c in lock(&self.cancels).values() {
+            c.fired.store(true, Ordering::SeqCst);
+            sys::eventfd_signal(c.fd());
+        }
+        lock(&self.uploads).clear();
+    }
+
     /// Credentials for a child running as `user`; None when no switch is needed or possible.
     pub fn creds_for(&self, user: &User) -> Option<sys::Creds> {
         let (uid, gid) = sys::getuid_gid();
@@ -195,9 +204,10 @@ impl Server {
         let me = sys::getpid();
         for _ in 0..3 {
             let all = procs::scan();
+            let desc = procs::descendants(&all, me);
             let victims: Vec<procs::Proc> = all
                 .iter()
-                .filter(|p| procs::descendants(&all, me).contains(&p.pid))
+                .filter(|p| desc.contains(&p.pid))
                 .copied()
                 .collect();
             if victims.is_empty() {

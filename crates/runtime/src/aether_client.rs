@@ -216,6 +216,16 @@ async fn reader<R: AsyncRead + Unpin>(mut r: R, inner: Arc<Inner>) {
     inner.mark_closed();
 }
 
+/// First request id of a new client: milliseconds since the epoch times 1024, so that a client
+/// that reattaches to a running aether (after an edge restart) never reuses the id of a request
+/// the previous client left running. Stays below 2^53 (exact in every JSON implementation).
+fn id_base() -> u64 {
+    let ms = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64);
+    (ms << 10).clamp(1, (1 << 53) - (1 << 40))
+}
+
 impl AetherClient {
     /// Wraps a connected stream (a unix socket for containers, a serial/vsock stream for VMs)
     /// and spawns the task that reads replies. Must be called inside a tokio runtime.
@@ -229,7 +239,7 @@ impl AetherClient {
         let inner = Arc::new(Inner {
             writer: tokio::sync::Mutex::new(Box::new(w)),
             calls: Mutex::new(HashMap::new()),
-            next_id: AtomicU64::new(1),
+            next_id: AtomicU64::new(id_base()),
             closed: AtomicBool::new(false),
             closed_tx,
             ready_tx,

@@ -806,3 +806,48 @@ fn bad_frames() {
         std::thread::sleep(Duration::from_millis(20));
     }
 }
+
+#[tokio::test]
+async fn reattach_keeps_sessions() {
+    let Some(path) = aether_path() else {
+        eprintln!("SKIP: dsec-aether is not built");
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let sock = dir.path().join("reattach.sock");
+    let listener = std::os::unix::net::UnixListener::bind(&sock).unwrap();
+    let (ours, theirs) = std::os::unix::net::UnixStream::pair().unwrap();
+    let (fd, lfd) = (theirs.as_raw_fd(), listener.as_raw_fd());
+    let mut cmd = std::process::Command::new(&path);
+    cmd.args(["--mode", "bare", "--fd", "3", "--reattach-grace-ms", "5000"]);
+    // SAFETY: dup2 is async-signal-safe; both fds stay open in the parent until spawn returns.
+    unsafe {
+        cmd.pre_exec(move || {
+            if libc::dup2(fd, 3) < 0 || libc::dup2(lfd, 4) < 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
+    let child = cmd.spawn().unwrap();
+    drop((theirs, listener));
+    ours.set_nonblocking(true).unwrap();
+    let ctl = ours.try_clone().unwrap();
+    let client = AetherClient::new(tokio::net::UnixStream::from_std(ours).unwrap());
+    client.wait_ready().await.unwrap();
+    let mut a = Aether { child, client, ctl };
+    run(&a, shell("s", "cd /tmp; export KEEP=me")).await;
+    a.ctl.shutdown(std::net::Shutdown::Both).unwrap();
+    a.client.closed().await;
+    // The "restarted edge" connects to the listener and carries on with the same session.
+    let stream = tokio::net::UnixStream::connect(&sock).await.unwrap();
+    a.client = AetherClient::new(stream);
+    let r = tokio::time::timeout(Duration::from_secs(5), a.client.wait_ready())
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(matches!(r, Reply::Ready { .. }));
+    let o = run(&a, shell("s", "pwd; echo $KEEP")).await;
+    assert_eq!(text(&o.stdout), "/tmp\nme\n");
+    assert!(!o.outcome.session_restarted);
+}
