@@ -495,3 +495,30 @@ async fn reap_orphans_removes_unknown_cgroups() {
     destroy(&env, &orphan).await;
     destroy(&env, &keep).await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn freeze_and_thaw() {
+    let aether = skip_unless_ready!();
+    let env = Env::new(aether, "frz");
+    let sb = env.create(env.spec(1)).await;
+    assert_eq!(out(&sh(&sb, "echo before").await), "before");
+    let cg = sb.cgroup().clone();
+    tokio::task::spawn_blocking(move || cg.freeze())
+        .await
+        .unwrap()
+        .expect("freeze");
+    // While frozen, a command does not complete.
+    let frozen = tokio::time::timeout(
+        std::time::Duration::from_millis(300),
+        sh(&sb, "echo during"),
+    )
+    .await;
+    assert!(frozen.is_err(), "a command completed in a frozen sandbox");
+    let cg = sb.cgroup().clone();
+    tokio::task::spawn_blocking(move || cg.thaw())
+        .await
+        .unwrap()
+        .expect("thaw");
+    assert_eq!(out(&sh(&sb, "echo after").await), "after");
+    destroy(&env, &sb).await;
+}
