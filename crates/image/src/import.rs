@@ -18,6 +18,8 @@ use nix::sys::time::TimeSpec;
 use nix::unistd::{Gid, Uid};
 use sha2::{Digest, Sha256};
 
+use crate::ImageError;
+
 /// How layers are built.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct ImportOptions {
@@ -92,14 +94,27 @@ pub struct BuiltLayer {
 
 /// Builds an EROFS image of `dir` at `out` and hashes it.
 pub async fn build_layer(
+    name: &str,
     dir: &Path,
     out: PathBuf,
     opts: &ImportOptions,
-) -> Result<BuiltLayer, String> {
+) -> Result<BuiltLayer, ImageError> {
+    let user_err = |message: String| ImageError::Import {
+        name: name.to_string(),
+        message,
+    };
     let file = TempPath::new(out.clone());
     let mut cmd = tokio::process::Command::new("mkfs.erofs");
     cmd.arg("--quiet");
     if let Some(z) = &opts.compression {
+        let valid = !z.is_empty()
+            && z.bytes()
+                .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == b',');
+        if !valid {
+            return Err(user_err(format!(
+                "bad compression {z:?}: use a mkfs.erofs compressor such as lz4 or lz4hc[,LEVEL]"
+            )));
+        }
         cmd.arg(format!("-z{z}"));
     }
     cmd.arg(&out).arg(dir);
@@ -107,25 +122,30 @@ pub async fn build_layer(
     cmd.kill_on_drop(true);
     let output = cmd.output().await.map_err(|e| {
         if e.kind() == io::ErrorKind::NotFound {
-            "mkfs.erofs not found; install it with `apt-get install erofs-utils`".to_string()
+            io::Error::new(
+                e.kind(),
+                "mkfs.erofs not found; install it with `apt-get install erofs-utils`",
+            )
         } else {
-            format!("run mkfs.erofs: {e}")
+            io::Error::new(e.kind(), format!("run mkfs.erofs: {e}"))
         }
     })?;
     if !output.status.success() {
         let stderr = String::from_utf8_lossy(&output.stderr);
         let stdout = String::from_utf8_lossy(&output.stdout);
-        return Err(format!(
+        // mkfs.erofs may have left a partial image; remove it before reporting.
+        file.cleanup().await;
+        return Err(user_err(format!(
             "mkfs.erofs failed ({}): {}",
             output.status,
             format!("{} {}", stderr.trim(), stdout.trim()).trim()
-        ));
+        )));
     }
     let path = out.clone();
     let (digest, size_bytes) = tokio::task::spawn_blocking(move || sha256_file(&path))
         .await
-        .map_err(|e| format!("hash layer: {e}"))?
-        .map_err(|e| format!("hash layer {}: {e}", out.display()))?;
+        .map_err(|e| io::Error::other(format!("hash layer: {e}")))?
+        .map_err(|e| io::Error::new(e.kind(), format!("hash layer {}: {e}", out.display())))?;
     Ok(BuiltLayer {
         file,
         digest,

@@ -396,7 +396,7 @@ impl ImageStore {
             busybox::build_root(&bin, &root)
         })
         .await
-        .map_err(|e| import_err(BUSYBOX_IMAGE, format!("build task failed: {e}")))?;
+        .map_err(|e| std::io::Error::other(format!("busybox build task: {e}")))?;
         if let Err(message) = built {
             work.cleanup().await;
             return Err(import_err(BUSYBOX_IMAGE, message));
@@ -504,7 +504,7 @@ impl ImageStore {
             () = &mut pump => unpack.await,
         };
         joined
-            .map_err(|e| import_err(name, format!("unpack task failed: {e}")))?
+            .map_err(|e| std::io::Error::other(format!("unpack task: {e}")))?
             .map_err(|m| import_err(name, m))
     }
 
@@ -534,9 +534,7 @@ impl ImageStore {
             Err(e) => return Err(import_err(&name, format!("{}: {e}", dir.display()))),
         }
         let out = self.inner.tmp_path("layer").with_extension("erofs");
-        let built = import::build_layer(dir, out, opts)
-            .await
-            .map_err(|m| import_err(&name, m))?;
+        let built = import::build_layer(&name, dir, out, opts).await?;
         self.register(&name, vec![built])
     }
 

@@ -511,6 +511,28 @@ async fn compressed_layers_work() {
         info.size_bytes,
         plain.size_bytes
     );
+    let bad = ImportOptions {
+        compression: Some("lz4 --all-root".into()),
+    };
+    let err = t
+        .store
+        .import_dir_with("bad", &src, &bad)
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(err, ImageError::Import { .. }) && err.to_string().contains("bad compression"),
+        "{err}"
+    );
+    let bad = ImportOptions {
+        compression: Some("zstd".into()),
+    };
+    let err = t
+        .store
+        .import_dir_with("bad", &src, &bad)
+        .await
+        .unwrap_err();
+    assert!(err.to_string().contains("mkfs.erofs failed"), "{err}");
+    assert!(tmp_is_empty(&t.root()));
     let lease = t.store.acquire("packed").await.unwrap();
     assert_eq!(
         fs::read(lease.lowers()[0].join("big")).unwrap(),
