@@ -616,6 +616,54 @@ async fn edge_http_end_to_end() {
         .unwrap();
     expect_error(r, 404, "sandbox_not_found").await;
 
+    // --- images: import a tar stream, list, remove; in-use images are refused ---
+    let mut tarball = tar::Builder::new(Vec::new());
+    let content = b"hello from a layer\n";
+    let mut h = tar::Header::new_gnu();
+    h.set_size(content.len() as u64);
+    h.set_mode(0o644);
+    h.set_uid(0);
+    h.set_gid(0);
+    h.set_mtime(0);
+    h.set_cksum();
+    tarball
+        .append_data(&mut h, "etc/greeting", &content[..])
+        .unwrap();
+    let tarball = tarball.into_inner().unwrap();
+    let r = api
+        .put("/edge/v1/images/test%2Fmini%3Av1")
+        .header("content-type", "application/x-tar")
+        .body(tarball)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 201, "{:?}", r.text().await);
+    let img: dsec_wire::api::ImageInfo = r.json().await.unwrap();
+    assert_eq!(img.name, "test/mini:v1");
+    let list: dsec_wire::api::ImageList = api
+        .get("/edge/v1/images")
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert!(list.images.iter().any(|i| i.name == "test/mini:v1"));
+    let r = api.delete("/edge/v1/images/busybox").send().await.unwrap();
+    expect_error(r, 409, "conflict").await;
+    let r = api
+        .delete("/edge/v1/images/test%2Fmini%3Av1")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 204);
+    let r = api
+        .delete("/edge/v1/images/test%2Fmini%3Av1")
+        .send()
+        .await
+        .unwrap();
+    expect_error(r, 404, "image_not_found").await;
+
     // --- stop ---
     let cgroups_of = |id: &str| -> Vec<PathBuf> {
         cgroup_dirs(&node)
