@@ -163,32 +163,49 @@ fn sandbox_id(p: Result<Path<String>, PathRejection>) -> Result<String, ApiError
         .map_err(|e| ApiError::BadRequest(e.body_text()))
 }
 
+/// Most bytes of an oversized body read and discarded before answering 413, so that a
+/// client still sending gets to read the answer instead of a reset connection.
+const DRAIN_LIMIT: u64 = 64 * 1024 * 1024;
+
 /// Reads a JSON body up to `limits::MAX_JSON_BODY` (413 past it).
 async fn read_json_body(headers: &HeaderMap, body: Body) -> Result<bytes::Bytes, ApiError> {
+    use futures::StreamExt;
     let too_large = || {
         ApiError::PayloadTooLarge(format!(
             "request body is larger than the {} byte limit for JSON requests",
             limits::MAX_JSON_BODY
         ))
     };
-    if let Some(len) = headers
+    let declared = headers
         .get(header::CONTENT_LENGTH)
         .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.parse::<u64>().ok())
-    {
-        if len > limits::MAX_JSON_BODY as u64 {
-            return Err(too_large());
+        .and_then(|v| v.parse::<u64>().ok());
+    let mut over = declared.is_some_and(|len| len > limits::MAX_JSON_BODY as u64);
+    if declared.is_some_and(|len| len > DRAIN_LIMIT) {
+        return Err(too_large());
+    }
+    let mut buf = bytes::BytesMut::new();
+    let mut seen = 0u64;
+    let mut stream = body.into_data_stream();
+    while let Some(chunk) = stream.next().await {
+        let chunk = chunk.map_err(|e| ApiError::BadRequest(format!("read request body: {e}")))?;
+        seen += chunk.len() as u64;
+        if seen > limits::MAX_JSON_BODY as u64 {
+            over = true;
+        }
+        if over {
+            buf.clear();
+            if seen > DRAIN_LIMIT {
+                break;
+            }
+        } else {
+            buf.extend_from_slice(&chunk);
         }
     }
-    axum::body::to_bytes(body, limits::MAX_JSON_BODY)
-        .await
-        .map_err(|e| {
-            if format!("{e:?}").contains("LengthLimit") || e.to_string().contains("length limit") {
-                too_large()
-            } else {
-                ApiError::BadRequest(format!("read request body: {e}"))
-            }
-        })
+    if over {
+        return Err(too_large());
+    }
+    Ok(buf.freeze())
 }
 
 async fn create_sandbox(
