@@ -267,6 +267,18 @@ async fn edge_http_end_to_end() {
     let msg = expect_error(r, 400, "bad_request").await;
     assert!(msg.contains("memory_limit_mb"), "{msg}");
 
+    let r = api
+        .post("/edge/v1/sandboxes")
+        .header("content-type", "text/plain")
+        .body("{\"image\": \"busybox\"}")
+        .send()
+        .await
+        .unwrap();
+    let msg = expect_error(r, 400, "bad_request").await;
+    assert!(msg.contains("application/json"), "{msg}");
+    let r = api.get("/edge/v1/nope").send().await.unwrap();
+    expect_error(r, 404, "not_found").await;
+
     // --- a create that fails inside (unknown user) leaves nothing behind ---
     let r = api
         .post("/edge/v1/sandboxes")
@@ -457,6 +469,26 @@ async fn edge_http_end_to_end() {
     assert!(
         gone,
         "the streamed command was not cancelled after the client disconnected"
+    );
+
+    // --- the memory limit's OOM kills are reported ---
+    let res = api
+        .shell(&id, json!({"cmd": "head -c 400m /dev/zero | sort > /dev/null", "session": "oom", "timeout": 60}))
+        .await;
+    assert!(res.oom_killed, "{res:?}");
+    let list: dsec_wire::api::SandboxList = api
+        .get("/edge/v1/sandboxes")
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(list.sandboxes.len(), 1);
+    assert_eq!(
+        list.sandboxes[0].state,
+        SandboxState::Running,
+        "the sandbox survives an OOM kill"
     );
 
     // --- sessions ---
