@@ -88,6 +88,11 @@ fn valid_name(k: &str) -> bool {
 }
 
 /// The line written to the shell's stdin for one call.
+///
+/// The command is sourced in the shell process itself, so `cd`, `export`, functions and
+/// background jobs persist. Per-call `env` and `cwd` do not: each variable is saved before and
+/// restored (or unset) after the command, and the shell returns to its previous directory
+/// unless the command itself changed directory. This works the same under bash and POSIX sh.
 pub fn wrapper_line(
     bash: bool,
     nonce: &str,
@@ -99,24 +104,33 @@ pub fn wrapper_line(
     // Backslash-prefixed words are never alias-expanded; `builtin` skips user functions.
     let b = if bash { r"\builtin " } else { r"\command " };
     let mut line = String::new();
-    if let Some(c) = cwd {
-        line.push_str(&format!("{b}cd -- {} && ", sh_quote(c)));
+    let env: Vec<(&String, &String)> = env.iter().filter(|(k, _)| valid_name(k)).collect();
+    for (i, (k, v)) in env.iter().enumerate() {
+        line.push_str(&format!(
+            "__dsec_s{i}=${{{k}+x}}; __dsec_v{i}=${{{k}-}}; {b}export {k}={}; ",
+            sh_quote(v)
+        ));
     }
-    for (k, v) in env {
-        line.push_str(&format!("{k}={} ", sh_quote(v)));
-    }
-    // `\.` is not alias-expanded; unlike `builtin .` it keeps `K=V` prefixes visible as
-    // variables inside the sourced command.
-    let dot = r"\.";
     let input = in_file.map_or_else(
         || "/dev/null".to_string(),
         |p| sh_quote(&p.to_string_lossy()),
     );
-    line.push_str(&format!(
-        "{dot} {} < {input}; ",
-        sh_quote(&cmd_file.to_string_lossy())
-    ));
-    line.push_str("__dsec_rc=$?; ");
+    let source = format!(r"\. {} < {input}", sh_quote(&cmd_file.to_string_lossy()));
+    match cwd {
+        Some(c) => line.push_str(&format!(
+            "__dsec_owd=$PWD; if {b}cd -- {}; then __dsec_cwd=$PWD; {source}; __dsec_rc=$?; \
+             if [ \"$PWD\" = \"$__dsec_cwd\" ]; then {b}cd -- \"$__dsec_owd\"; fi; \
+             else __dsec_rc=$?; fi; ",
+            sh_quote(c)
+        )),
+        None => line.push_str(&format!("{source}; __dsec_rc=$?; ")),
+    }
+    for (i, (k, _)) in env.iter().enumerate() {
+        line.push_str(&format!(
+            "if [ -n \"$__dsec_s{i}\" ]; then {k}=$__dsec_v{i}; else {b}unset {k}; fi; \
+             {b}unset __dsec_s{i} __dsec_v{i}; "
+        ));
+    }
     line.push_str(&format!(
         "{b}printf '\\036DSEC%s:%d\\n' {nonce} \"$__dsec_rc\"; "
     ));
@@ -422,12 +436,48 @@ mod tests {
     fn wrapper() {
         let mut env = BTreeMap::new();
         env.insert("X".to_string(), "1 2".to_string());
+        env.insert("bad-name".to_string(), "v".to_string());
         let l = wrapper_line(true, "abc", Path::new("/r/c.abc"), None, Some("/tmp"), &env);
-        assert_eq!(
-            l,
-            "\\builtin cd -- '/tmp' && X='1 2' \\. '/r/c.abc' < /dev/null; __dsec_rc=$?; \\builtin printf '\\036DSEC%s:%d\\n' abc \"$__dsec_rc\"; \\builtin printf '\\036DSEC%s:%d\\n' abc \"$__dsec_rc\" >&2\n"
+        assert!(
+            l.ends_with('\n') && l.matches('\n').count() == 1,
+            "one line: {l}"
         );
+        assert!(l.contains("export X='1 2'"));
+        assert!(!l.contains("bad-name"), "invalid names are dropped");
+        assert!(l.contains("cd -- '/tmp'"));
         // The marker bytes themselves never appear in the line (so `set -v` cannot fake them).
         assert!(!l.contains('\x1e'));
+    }
+
+    /// Runs the wrapper in a real shell: per-call env and cwd do not leak into the session.
+    #[test]
+    fn wrapper_restores_env_and_cwd() {
+        for (bash, shell) in [(true, "/bin/bash"), (false, "/bin/sh")] {
+            if !Path::new(shell).exists() {
+                continue;
+            }
+            let dir =
+                std::env::temp_dir().join(format!("dsec-wrapper-{}-{bash}", std::process::id()));
+            std::fs::create_dir_all(&dir).unwrap();
+            let cmd = dir.join("cmd");
+            std::fs::write(&cmd, "echo \"in=$PER:$PWD\"").unwrap();
+            let mut env = BTreeMap::new();
+            env.insert("PER".to_string(), "it's".to_string());
+            let w = wrapper_line(bash, "n", &cmd, None, Some("/"), &env);
+            let script = format!("cd /tmp; PER=old; {w}echo \"after=$PER:$PWD\"; unset PER; {w}echo \"unset=${{PER-none}}\"\n");
+            let out = std::process::Command::new(shell)
+                .arg("-c")
+                .arg(&script)
+                .output()
+                .unwrap();
+            let out = String::from_utf8_lossy(&out.stdout);
+            let lines: Vec<&str> = out.lines().filter(|l| !l.contains('\x1e')).collect();
+            assert_eq!(
+                lines,
+                ["in=it's:/", "after=old:/tmp", "in=it's:/", "unset=none"],
+                "{shell}: {out}"
+            );
+            std::fs::remove_dir_all(&dir).unwrap();
+        }
     }
 }

@@ -238,7 +238,12 @@ fn container_setup(
     }) {
         Ok(u) => u,
         Err(e) => {
-            w.error(id, AetherErrorKind::Setup, format!("sandbox setup: {e}"));
+            // The caller named a user the image does not have: their mistake, not ours.
+            w.error(
+                id,
+                AetherErrorKind::BadRequest,
+                format!("init_user: {e}; use root or a user listed in the image's /etc/passwd"),
+            );
             return Err(1);
         }
     };

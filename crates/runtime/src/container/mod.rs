@@ -23,7 +23,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
-use dsec_wire::aether::{ContainerSetup, Reply, Request};
+use dsec_wire::aether::{AetherErrorKind, ContainerSetup, Reply, Request};
 use tokio::sync::watch;
 
 use crate::aether_client::{AetherClient, ChannelError};
@@ -174,6 +174,9 @@ impl ContainerSubstrate {
         let err = match answer {
             Ok(Ok((Reply::Ready { .. }, _))) => return Ok(Started { process, client }),
             Ok(Ok((other, _))) => format!("unexpected answer to Setup: {other:?}"),
+            Ok(Err(ChannelError::Aether(e))) if e.kind == AetherErrorKind::BadRequest => {
+                return Err((CreateSandboxError::InvalidSpec(e.message), Some(process)));
+            }
             Ok(Err(ChannelError::Aether(e))) => e.message,
             Ok(Err(e)) => match process.exit_status() {
                 Some(exit) => format!("{e} (aether ended: {exit:?})"),
