@@ -23,6 +23,7 @@ from helpers import (
     dsec_cgroups,
     dsec_processes,
     find_dsec_bin,
+    force_cleanup,
     make_sandbox,
     mounts_under,
     new_data_dir,
@@ -68,12 +69,14 @@ def node(dsec_bin):
     yield up
     rc = up.stop()
     leftover_mounts = mounts_under(data)
-    leftover_cgroups = dsec_cgroups("e2e")
-    leftover_procs = dsec_processes("e2e")
+    # the node's parent cgroup (dsec/e2e) may stay, like a runtime's top-level dir; sandbox ones may not
+    leftover_cgroups = {c for c in dsec_cgroups("/e2e/") if "/sb-" in c}
+    leftover_procs = dsec_processes("/e2e/")
+    cleanup = force_cleanup(data, "/e2e/") if (leftover_mounts or leftover_cgroups or leftover_procs) else []
     remove_data_dir(data)
     assert rc == 0, f"dsec up exited {rc} after SIGTERM\nstderr:\n{up.stderr_tail()}"
-    assert not leftover_mounts, f"mounts left after dsec up exited: {leftover_mounts}"
-    assert not leftover_cgroups, f"cgroups left after dsec up exited: {sorted(leftover_cgroups)}"
+    assert not leftover_mounts, f"mounts left after dsec up exited: {leftover_mounts} (cleanup: {cleanup})"
+    assert not leftover_cgroups, f"cgroups left after dsec up exited: {sorted(leftover_cgroups)} (cleanup: {cleanup})"
     assert not leftover_procs, f"processes left after dsec up exited: {leftover_procs}"
 
 

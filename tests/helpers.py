@@ -270,6 +270,32 @@ class DsecUp:
         return os.path.join(self.data_dir, "edge", "sandboxes", sandbox_id)
 
 
+def force_cleanup(data_dir: str, cgroup_substr: str) -> List[str]:
+    """Cleans what a dsec instance left behind after it exited (so a failing run does not litter
+    the machine): kills processes in its sandbox cgroups, removes those cgroups, lazily unmounts
+    mounts under its data dir. Returns what it had to do."""
+    done = []
+    for pid, (comm, cg) in dsec_processes(cgroup_substr).items():
+        try:
+            os.kill(pid, signal.SIGKILL)
+            done.append(f"killed {pid} {comm} ({cg})")
+        except ProcessLookupError:
+            pass
+    time.sleep(0.2) if done else None
+    for cg in sorted(dsec_cgroups(cgroup_substr), key=lambda c: -c.count("/")):
+        if "/sb-" not in cg:
+            continue
+        try:
+            os.rmdir(cg)
+            done.append(f"rmdir {cg}")
+        except OSError as e:
+            done.append(f"rmdir {cg} failed: {e}")
+    for mp in sorted(mounts_under(data_dir), key=lambda m: -m.count("/")):
+        r = subprocess.run(["umount", "-l", mp], capture_output=True)
+        done.append(f"umount -l {mp}: rc {r.returncode}")
+    return done
+
+
 def remove_data_dir(path: str) -> None:
     """Removes a test data dir, but never through a mount (would delete mounted content)."""
     left = mounts_under(path)

@@ -92,7 +92,7 @@ def test_writes_land_in_upper_dir_and_layers_unchanged(node, client):
         layers = node.layer_files()
         assert layers, f"no layer files under {node.data_dir}/edge/images/layers"
         before = {p: sha256_file(p) for p in layers}
-        sh(sb, "echo written-inside > /etc/e2e-new-file && echo appended >> /etc/passwd && rm -f /bin/vi && mkdir -p /root/d && echo x > /root/d/f")
+        sh(sb, "echo written-inside > /etc/e2e-new-file && echo appended >> /etc/passwd && rm /bin/arch && mkdir -p /root/d && echo x > /root/d/f")
         upper = os.path.join(node.sandbox_dir(sb.id), "upper")
         assert os.path.isdir(upper), f"no upper dir at {upper}"
         with open(os.path.join(upper, "etc", "e2e-new-file")) as f:
@@ -100,13 +100,13 @@ def test_writes_land_in_upper_dir_and_layers_unchanged(node, client):
         with open(os.path.join(upper, "etc", "passwd")) as f:
             assert f.read().endswith("appended\n")
         assert os.path.exists(os.path.join(upper, "root", "d", "f"))
-        vi = os.path.join(upper, "bin", "vi")
+        vi = os.path.join(upper, "bin", "arch")
         assert os.path.lexists(vi), "deleting an image file left no whiteout in the upper dir"
         st = os.lstat(vi)
         assert (st.st_mode & 0o170000) == 0o020000 and st.st_rdev == 0, "whiteout is not a 0/0 char device"
         # the sandbox sees its own changes
         assert "appended" in sh(sb, "cat /etc/passwd")
-        assert sb.run_shell("test -e /bin/vi").exit_code != 0
+        assert sb.run_shell("test -e /bin/arch").exit_code != 0
         after = {p: sha256_file(p) for p in node.layer_files() if p in before}
         assert after == before, "an image layer file changed after writes inside a sandbox"
     finally:
@@ -117,10 +117,10 @@ def test_two_sandboxes_of_one_image_do_not_share_writes(client):
     a = make_sandbox(client, "busybox")
     b = make_sandbox(client, "busybox")
     try:
-        sh(a, "echo from-a > /tmp/shared-test && echo from-a > /etc/shared-test && rm -f /bin/tac")
+        sh(a, "echo from-a > /tmp/shared-test && echo from-a > /etc/shared-test && rm -f /bin/arch")
         r = b.run_shell("cat /tmp/shared-test /etc/shared-test")
         assert r.exit_code != 0 and "from-a" not in r.stdout
-        assert b.run_shell("test -e /bin/tac").exit_code == 0, "a deletion in one sandbox is visible in another"
+        assert b.run_shell("test -e /bin/arch").exit_code == 0, "a deletion in one sandbox is visible in another"
         # and their processes are separate too
         sh(a, "sleep 1000 >/dev/null 2>&1 &")
         assert "sleep" not in sh(b, "cat /proc/[0-9]*/comm 2>/dev/null")

@@ -13,6 +13,7 @@ from helpers import (
     DsecUp,
     dsec_cgroups,
     dsec_processes,
+    force_cleanup,
     make_sandbox,
     mounts_under,
     new_data_dir,
@@ -26,8 +27,8 @@ def snapshot(node) -> dict:
     sandboxes = os.path.join(node.data_dir, "edge", "sandboxes")
     return {
         "mounts": sorted(mounts_under(node.data_dir)),
-        "cgroups": sorted(dsec_cgroups(node.node_id)),
-        "procs": sorted(dsec_processes(node.node_id)),
+        "cgroups": sorted(dsec_cgroups(f"/{node.node_id}/")),
+        "procs": sorted(dsec_processes(f"/{node.node_id}/")),
         "dirs": sorted(os.listdir(sandboxes)) if os.path.isdir(sandboxes) else [],
     }
 
@@ -149,12 +150,16 @@ def test_sigkill_and_restart_leaves_no_orphans(dsec_bin):
         rc = up2.stop()
         assert rc == 0, f"restarted dsec up exited {rc}\n{up2.stderr_tail()}"
         assert not mounts_under(data), f"mounts left after shutdown: {mounts_under(data)}"
-        assert not dsec_cgroups(node_id), f"cgroups left after shutdown: {sorted(dsec_cgroups(node_id))}"
-        assert not dsec_processes(node_id), f"processes left: {dsec_processes(node_id)}"
+        left = {c for c in dsec_cgroups(f"/{node_id}/") if "/sb-" in c}
+        assert not left, f"sandbox cgroups left after shutdown: {sorted(left)}"
+        assert not dsec_processes(f"/{node_id}/"), f"processes left: {dsec_processes(f'/{node_id}/')}"
     finally:
         if up.proc is not None and up.proc.poll() is None:
             try:
                 up.stop()
             except AssertionError:
                 pass
+        done = force_cleanup(data, f"/{node_id}/")
+        if done:
+            print(f"crash test cleanup: {done}")
         remove_data_dir(data)

@@ -35,34 +35,69 @@ def pids_current(sandbox_id: str):
     return None
 
 
-def test_fork_bomb_held_by_pids_limit(client):
-    sb = make_sandbox(client, "busybox", pids_limit=64)
+BOMB = """
+import os, sys, time
+end = time.time() + float(sys.argv[1])
+while time.time() < end:
     try:
-        # a bomb that stops when its flag file disappears; the flag is removed through the file
-        # API (served by aether, which needs no fork), so the test is bounded
-        sh(sb, "touch /tmp/bomb-on")
-        r = sb.run_shell(
-            "bomb() { while [ -e /tmp/bomb-on ]; do bomb & done; }; bomb >/dev/null 2>&1 &", timeout=10
-        )
-        assert not r.timed_out
+        os.fork()
+    except OSError:
+        time.sleep(0.01)
+"""
+
+
+def recovered(sb) -> bool:
+    try:
+        return sb.run_shell("echo ok", timeout=5).stdout == "ok\n"
+    except Exception:
+        return False
+
+
+def process_count(sb) -> int:
+    return int(sh(sb, "ls -d /proc/[0-9]* | wc -l").strip())
+
+
+def test_fork_bomb_held_by_pids_limit(client, debian):
+    """A bomb that retries failed forks and stops by itself after 6 s."""
+    sb = make_sandbox(client, debian, pids_limit=64)
+    try:
+        sb.write_file("/tmp/bomb.py", BOMB)
+        result = {}
+        t = threading.Thread(target=lambda: result.update(r=sb.run_shell("python3 /tmp/bomb.py 6", timeout=60)))
+        t.start()
         time.sleep(3)
-        # the host is fine
-        assert subprocess.run(["true"]).returncode == 0
         current = pids_current(sb.id)
-        if current is not None:
-            assert current <= 64, f"pids.current={current} above pids_limit=64"
-            assert current >= 32, f"pids.current={current}: the bomb did not run"
-        sb.remove("/tmp/bomb-on")
+        host_ok = subprocess.run(["true"]).returncode == 0
+        # the control plane should still answer while the sandbox is saturated
+        try:
+            during = sb.read_file("/etc/hostname")
+        except Exception as e:  # noqa: BLE001 - reported below
+            during = e
+        t.join(90)
+        assert not t.is_alive(), "the bomb's command never returned"
+        assert host_ok
+        assert current is not None, f"no pids cgroup found for {sb.id}"
+        assert current <= 64, f"pids.current={current} above pids_limit=64"
+        assert current >= 48, f"pids.current={current}: the bomb did not saturate the limit"
+        assert wait_until(lambda: recovered(sb), 30, 0.5), "sandbox did not recover after the bomb ended"
+        assert wait_until(lambda: process_count(sb) < 16, 15), f"{process_count(sb)} processes left after the bomb"
+        assert isinstance(during, bytes), f"reading a file during the fork bomb failed: {during}"
+    finally:
+        stop_quietly(sb)
 
-        def recovered() -> bool:
-            try:
-                return sb.run_shell("echo ok", timeout=5).stdout == "ok\n"
-            except Exception:
-                return False
 
-        assert wait_until(recovered, 30, 0.5), "sandbox did not recover from the fork bomb"
-        assert wait_until(lambda: int(sh(sb, "ls -d /proc/[0-9]* | wc -l").strip()) < 16, 15), \
-            "bomb processes still running: " + sh(sb, "ls -d /proc/[0-9]* | wc -l")
+def test_fork_bomb_in_timed_out_command(client, debian):
+    """An endless bomb in the foreground, bounded only by the command timeout."""
+    sb = make_sandbox(client, debian, pids_limit=64)
+    try:
+        sb.write_file("/tmp/bomb.py", BOMB)
+        t0 = time.monotonic()
+        r = sb.run_shell("python3 /tmp/bomb.py 100000", timeout=5)
+        assert time.monotonic() - t0 < 60
+        assert r.timed_out, f"bomb command not reported as timed out: exit {r.exit_code} stderr {r.stderr[:300]!r}"
+        assert wait_until(lambda: recovered(sb), 30, 0.5), "sandbox did not recover after the bomb's command timed out"
+        assert wait_until(lambda: process_count(sb) < 16, 15), \
+            f"{process_count(sb)} processes survived the bomb command's timeout"
     finally:
         stop_quietly(sb)
 

@@ -137,6 +137,17 @@ class ShellResult:
     def to_dict(self) -> Dict[str, Any]:
         return asdict(self)
 
+    def __repr__(self) -> str:
+        def cut(text: str) -> str:
+            return repr(text) if len(text) <= 200 else f"{text[:200]!r}...(+{len(text) - 200} chars)"
+
+        flags = [n for n in ("timed_out", "oom_killed", "stdout_truncated", "stderr_truncated", "session_restarted")
+                 if getattr(self, n)]
+        return (
+            f"ShellResult(exit_code={self.exit_code}, signal={self.signal}, stdout={cut(self.stdout)}, "
+            f"stderr={cut(self.stderr)}, duration_ms={self.duration_ms:.1f}, flags={flags})"
+        )
+
 
 @dataclass
 class StreamEvent:
