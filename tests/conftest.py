@@ -6,7 +6,8 @@ Environment:
 - ``DSEC_BIN``: the dsec binary (default ``target/release/dsec``, then ``target/debug/dsec``).
 - ``DSEC_CACHE``: where ``debian-bookworm.tar`` lives (default ``/var/cache/dsec``; built by
   ``scripts/images/build-debian.sh``). Tests that need ``debian`` skip when it is absent.
-- ``DSEC_AETHER``: passed through to ``dsec up`` (the edge looks next to the binary otherwise).
+- ``DSEC_AETHER``: the aether binary given to ``dsec up`` (default: the static release build
+  ``target/x86_64-unknown-linux-gnu/release/dsec-aether`` when present).
 """
 
 from __future__ import annotations

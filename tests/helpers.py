@@ -130,6 +130,17 @@ def find_dsec_bin() -> Optional[str]:
     return None
 
 
+def find_aether() -> Optional[str]:
+    """The static aether the suite should use: ``DSEC_AETHER``, else the static release build in
+    the tree (which a stale ``target/debug/dsec-aether`` next to the binary would otherwise
+    shadow in the edge's lookup order)."""
+    env = os.environ.get("DSEC_AETHER")
+    if env:
+        return env
+    p = REPO / "target" / "x86_64-unknown-linux-gnu" / "release" / "dsec-aether"
+    return str(p) if p.is_file() else None
+
+
 def debian_tar() -> Path:
     return Path(os.environ.get("DSEC_CACHE", "/var/cache/dsec")) / "debian-bookworm.tar"
 
@@ -173,6 +184,9 @@ class DsecUp:
         os.makedirs(self.data_dir, exist_ok=True)
         env = dict(os.environ)
         env.setdefault("RUST_LOG", "info")
+        aether = find_aether()
+        if aether:
+            env["DSEC_AETHER"] = aether
         env.pop("DSEC_API_URL", None)
         env.pop("DSEC_API_KEY", None)
         cmd = [
