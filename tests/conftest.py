@@ -79,6 +79,7 @@ def node(dsec_bin):
     assert not leftover_mounts, f"mounts left after dsec up exited: {leftover_mounts} (cleanup: {cleanup})"
     assert not leftover_cgroups, f"cgroups left after dsec up exited: {sorted(leftover_cgroups)} (cleanup: {cleanup})"
     assert not leftover_procs, f"processes left after dsec up exited: {leftover_procs}"
+    up.remove_log()  # kept only when something above failed
 
 
 @pytest.fixture(scope="session")

@@ -175,6 +175,12 @@ class DsecUp:
             return "(no stderr log)"
         return "\n".join(lines[-n:])
 
+    def remove_log(self) -> None:
+        try:
+            os.unlink(self.stderr_path)
+        except OSError:
+            pass
+
     def _pump_stdout(self, stream) -> None:
         for raw in stream:
             self._stdout_lines.put(raw.decode("utf-8", "replace").rstrip("\n"))

@@ -153,6 +153,7 @@ def test_sigkill_and_restart_leaves_no_orphans(dsec_bin):
         left = {c for c in dsec_cgroups(f"/{node_id}/") if "/sb-" in c}
         assert not left, f"sandbox cgroups left after shutdown: {sorted(left)}"
         assert not dsec_processes(f"/{node_id}/"), f"processes left: {dsec_processes(f'/{node_id}/')}"
+        up2.remove_log()
     finally:
         if up.proc is not None and up.proc.poll() is None:
             try:
