@@ -87,6 +87,10 @@ fn valid_name(k: &str) -> bool {
         && chars.all(|c| c == '_' || c.is_ascii_alphanumeric())
 }
 
+/// Signal that makes the session's shell abandon the running command (see [`wrapper_line`]).
+/// A user trap on this signal is replaced for the duration of each call.
+pub const ABORT_SIGNAL: &str = "USR2";
+
 /// The line written to the shell's stdin for one call.
 ///
 /// The command is sourced in the shell process itself, so `cd`, `export`, functions and
@@ -115,7 +119,13 @@ pub fn wrapper_line(
         || "/dev/null".to_string(),
         |p| sh_quote(&p.to_string_lossy()),
     );
-    let source = format!(r"\. {} < {input}", sh_quote(&cmd_file.to_string_lossy()));
+    // On timeout aether sends SIGUSR2 to the shell before killing the command's processes: the
+    // trap returns from the sourced command, so the rest of the command line is abandoned
+    // (also inside a builtin loop) while the shell and its state survive.
+    let source = format!(
+        "{b}trap '{b}trap - {ABORT_SIGNAL}; return 124' {ABORT_SIGNAL}; \\. {} < {input}",
+        sh_quote(&cmd_file.to_string_lossy())
+    );
     match cwd {
         Some(c) => line.push_str(&format!(
             "__dsec_owd=$PWD; if {b}cd -- {}; then __dsec_cwd=$PWD; {source}; __dsec_rc=$?; \
@@ -131,6 +141,7 @@ pub fn wrapper_line(
              {b}unset __dsec_s{i} __dsec_v{i}; "
         ));
     }
+    line.push_str(&format!("{b}trap - {ABORT_SIGNAL}; "));
     line.push_str(&format!(
         "{b}printf '\\036DSEC%s:%d\\n' {nonce} \"$__dsec_rc\"; "
     ));
@@ -358,6 +369,9 @@ pub fn run(srv: &Server, id: u64, a: RunArgs, body: Vec<u8>) {
         outcome.timed_out = stop == Stop::Deadline;
         outcome.exit_code = -1;
         outcome.signal = Some(libc::SIGKILL);
+        // Abandon the rest of the command line first (the trap runs once the foreground
+        // process is gone), then kill every process the call started.
+        sys::kill(shell_pid, libc::SIGUSR2);
         procs::kill_new_members(shell_pid, &before);
         stop = col.pump(
             Some(pidfd),

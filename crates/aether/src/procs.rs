@@ -117,16 +117,22 @@ pub fn kill_session(leader: i32) {
 /// Kills every process that is a member of `leader`'s session and not in `keep` (identified by
 /// (pid, start)), never the leader itself. Returns how many were killed.
 pub fn kill_new_members(leader: i32, keep: &HashSet<(i32, u64)>) -> usize {
+    // A fork bomb keeps making new members while we scan, so: stop every victim (a stopped
+    // process cannot fork), kill them, and rescan until a scan finds none — bounded in time.
+    let give_up = std::time::Instant::now() + std::time::Duration::from_secs(3);
     let mut total = 0;
-    for _ in 0..3 {
+    let mut clean_scans = 0;
+    while clean_scans < 2 && std::time::Instant::now() < give_up {
         let procs = scan();
         let victims: Vec<Proc> = members(&procs, leader)
             .into_iter()
             .filter(|p| !keep.contains(&(p.pid, p.start)))
             .collect();
         if victims.is_empty() {
-            break;
+            clean_scans += 1;
+            continue;
         }
+        clean_scans = 0;
         // Groups that hold surviving older processes are not killed wholesale.
         let mut protected: HashSet<i32> = procs
             .iter()
@@ -134,12 +140,14 @@ pub fn kill_new_members(leader: i32, keep: &HashSet<(i32, u64)>) -> usize {
             .map(|p| p.pgrp)
             .collect();
         protected.insert(leader);
-        for p in &victims {
-            if !protected.contains(&p.pgrp) && p.pgrp > 1 {
-                sys::kill(-p.pgrp, libc::SIGKILL);
-            }
-            if p.pid > 1 {
-                sys::kill(p.pid, libc::SIGKILL);
+        for sig in [libc::SIGSTOP, libc::SIGKILL] {
+            for p in &victims {
+                if !protected.contains(&p.pgrp) && p.pgrp > 1 {
+                    sys::kill(-p.pgrp, sig);
+                }
+                if p.pid > 1 {
+                    sys::kill(p.pid, sig);
+                }
             }
         }
         total += victims.len();

@@ -201,9 +201,10 @@ async fn session_state_persists() {
         stream: false,
     };
     assert_eq!(text(&run(&a, req).await.stdout), "/\nonce\n");
+    // Per-call cwd and env apply to that call only: the session is back where it was.
     assert_eq!(
         text(&run(&a, shell("s", "pwd; echo \"[$ONLY]\"")).await.stdout),
-        "/\n[]\n"
+        "/tmp\n[]\n"
     );
     let r = a.client.request(Request::Ping, Bytes::new()).await.unwrap();
     assert!(
@@ -291,19 +292,19 @@ async fn timeout_kills_new_processes_only() {
 }
 
 #[tokio::test]
-async fn builtin_loop_restarts_session() {
+async fn builtin_loop_is_abandoned_and_session_kept() {
     let Some(a) = start().await else { return };
-    run(&a, shell("s", "cd /tmp")).await;
-    let o = run(&a, shell_t("s", "echo looping; while :; do :; done", 300)).await;
-    assert!(o.outcome.timed_out && o.outcome.session_restarted, "{o:?}");
+    run(&a, shell("s", "cd /tmp && export KEPT=yes")).await;
+    let o = run(
+        &a,
+        shell_t("s", "echo looping; while :; do :; done; echo never", 300),
+    )
+    .await;
+    assert!(o.outcome.timed_out && !o.outcome.session_restarted, "{o:?}");
     assert_eq!(text(&o.stdout), "looping\n");
-    let o = run(&a, shell("s", "echo fresh; pwd")).await;
-    assert!(text(&o.stdout).starts_with("fresh\n"));
-    assert_ne!(
-        text(&o.stdout),
-        "fresh\n/tmp\n",
-        "a fresh shell starts in home"
-    );
+    // The shell's state survived: the loop ran inside it and was abandoned, not killed.
+    let o = run(&a, shell("s", "pwd; echo $KEPT")).await;
+    assert_eq!(text(&o.stdout), "/tmp\nyes\n");
 }
 
 #[tokio::test]
