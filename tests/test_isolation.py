@@ -11,7 +11,7 @@ import uuid
 
 import pytest
 
-from helpers import make_sandbox, sh, stop_quietly
+from helpers import dsec_processes, make_sandbox, sh, stop_quietly
 
 # capability bits (linux/capability.h)
 CAP_SYS_MODULE = 16
@@ -31,8 +31,22 @@ def status_fields(sb) -> dict:
 
 
 def test_pid1_is_aether_and_only_sandbox_processes_visible(bb):
-    cmdline = sh(bb, "tr '\\0' ' ' < /proc/1/cmdline; echo")
-    assert "aether" in cmdline, f"PID 1 inside is not aether: {cmdline!r}"
+    # The session shell's parent is PID 1 ...
+    ppid = sh(bb, "awk '/^PPid/{print $2}' /proc/$$/status").strip()
+    assert ppid == "1", f"the session shell's parent is pid {ppid!r}, not 1"
+    # ... which is hidden from the sandbox's /proc (aether is non-dumpable; hidepid=invisible) ...
+    assert sh(bb, "test -e /proc/1 && echo visible || echo hidden").strip() == "hidden"
+    # ... and is aether: seen from the host, the sandbox process whose innermost pid is 1.
+    inits = []
+    for pid in dsec_processes(bb.id):
+        try:
+            st = open(f"/proc/{pid}/status").read()
+        except OSError:
+            continue
+        nspid = [l for l in st.splitlines() if l.startswith("NSpid:")][0].split()
+        if nspid[-1] == "1":
+            inits.append([l for l in st.splitlines() if l.startswith("Name:")][0].split()[1])
+    assert inits == ["dsec-aether"], f"PID 1 of the sandbox is {inits}"
     listing = sh(bb, "for p in /proc/[0-9]*; do echo \"${p#/proc/} $(cat $p/comm 2>/dev/null)\"; done")
     procs = [line.split(None, 1) for line in listing.splitlines() if line.strip()]
     comms = {p[1] if len(p) > 1 else "" for p in procs}
@@ -197,7 +211,8 @@ def test_unshare_user_namespace_denied(bb):
 
 
 def test_pid1_private_files_unreadable(bb):
-    for cmd in ("cat /proc/1/environ", "ls /proc/1/fd", "head -c 1 /proc/1/mem"):
+    for cmd in ("cat /proc/1/environ", "ls /proc/1/fd", "head -c 1 /proc/1/mem", "ls /proc/1/task/1/fd",
+                "readlink /proc/1/fd/3", "ls /proc/2/fd", "cat /proc/2/environ"):
         r = bb.run_shell(cmd)
         assert r.exit_code != 0, f"`{cmd}` succeeded inside the sandbox: {r.stdout[:200]!r}"
 

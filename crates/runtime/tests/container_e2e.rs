@@ -240,11 +240,25 @@ async fn isolation_from_the_inside() {
     let dir = spec.dir.clone();
     let sb = env.create(spec).await;
 
-    // aether is PID 1 and only the sandbox's processes are visible.
-    let o = sh(&sb, "cat /proc/1/comm; ls /proc | grep -cE '^[0-9]+$'").await;
+    // aether is PID 1 (the session shell's parent), hidden from the sandbox's /proc
+    // (hidepid=invisible: it is non-dumpable), and only the sandbox's processes are visible.
+    let o = sh(
+        &sb,
+        "awk '/^PPid/{print $2}' /proc/$$/status; test -e /proc/1 && echo visible || echo hidden; ls /proc | grep -cE '^[0-9]+$'",
+    )
+    .await;
     let text = out(&o);
     let mut lines = text.lines();
-    assert_eq!(lines.next(), Some("dsec-aether"), "{}", all(&o));
+    assert_eq!(lines.next(), Some("1"), "{}", all(&o));
+    assert_eq!(lines.next(), Some("hidden"), "{}", all(&o));
+    let host_status = std::fs::read_to_string(format!("/proc/{}/status", sb.pid())).unwrap();
+    assert!(host_status.contains("Name:\tdsec-aether"), "{host_status}");
+    assert!(
+        host_status
+            .lines()
+            .any(|l| l.starts_with("NSpid:") && l.trim_end().ends_with("\t1")),
+        "{host_status}"
+    );
     let nprocs: u32 = lines.next().and_then(|l| l.parse().ok()).unwrap_or(999);
     assert!(nprocs < 8, "too many processes visible: {}", all(&o));
 

@@ -90,6 +90,10 @@ pub fn apply(setup: &ContainerSetup) -> Result<(), SetupError> {
     nix::unistd::sethostname(&setup.hostname).map_err(|e| fail("sethostname", e))?;
     protect_from_oom()?;
     fd_hygiene().map_err(|e| fail("close inherited fds", e))?;
+    // Only members of PROC_GID see every /proc/<pid> (see `mounts::PROC_GID`); aether is one,
+    // the commands it starts are not (they get their own user's groups).
+    nix::unistd::setgroups(&[nix::unistd::Gid::from_raw(mounts::PROC_GID)])
+        .map_err(|e| fail("join the /proc viewer group", std::io::Error::from(e)))?;
     caps::restrict().map_err(|e| fail("drop capabilities", e))?;
     caps::set_no_new_privs().map_err(|e| fail("set no_new_privs", e))?;
     seccomp::install().map_err(|e| fail("seccomp", e))?;

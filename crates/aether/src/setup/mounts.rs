@@ -3,6 +3,15 @@
 
 use std::path::{Path, PathBuf};
 
+/// The group whose members see every process in the sandbox's /proc.
+///
+/// /proc is mounted `hidepid=invisible`: a process sees only the processes it could ptrace.
+/// Commands (root without CAP_SYS_PTRACE) therefore see each other but not aether, which is
+/// non-dumpable: `/proc/1` does not exist for them, so neither do `/proc/1/fd`, `environ` or
+/// `mem`. aether itself must see every process to kill a timed-out command's children, so it
+/// alone carries this supplementary group (a gid no image uses).
+pub const PROC_GID: u32 = 2_147_480_001;
+
 use nix::mount::MsFlags;
 
 use super::sys::{Kind, Sys};
@@ -112,7 +121,7 @@ pub fn build_root(sys: &mut dyn Sys, spec: &RootSpec<'_>) -> Result<(), MountErr
         &root.join("proc"),
         "proc",
         nosuid_nodev_noexec,
-        None,
+        Some(&format!("hidepid=invisible,gid={PROC_GID}")),
     )?;
     mount(
         sys,
