@@ -12,7 +12,9 @@
 //! The overlay and every other mount live only in the sandbox's mount namespace, so they vanish
 //! with its last process; the host keeps nothing mounted for a container.
 
+pub mod adopt;
 pub mod masks;
+pub mod pause;
 pub mod pidfd;
 pub mod spawn;
 
@@ -59,6 +61,8 @@ pub struct ContainerSubstrate {
     cgroup_root: CgroupRoot,
     masked_paths: Vec<String>,
     readonly_paths: Vec<String>,
+    /// How long aether waits for a restarted edge to reattach (0: it exits with its channel).
+    reattach_grace_ms: u64,
 }
 
 impl ContainerSubstrate {
@@ -76,7 +80,16 @@ impl ContainerSubstrate {
                 .iter()
                 .map(|s| s.to_string())
                 .collect(),
+            reattach_grace_ms: 0,
         }
+    }
+
+    /// Lets sandboxes outlive a crash of the edge for `ms`: aether listens on
+    /// `<sandbox dir>/aether.sock` (a host path, unreachable from inside) for the restarted
+    /// edge ([`ContainerSubstrate::adopt`]).
+    pub fn with_reattach_grace(mut self, ms: u64) -> Self {
+        self.reattach_grace_ms = ms;
+        self
     }
 
     /// Adds paths masked inside every container (on top of the defaults).
@@ -120,7 +133,8 @@ impl ContainerSubstrate {
             user: spec.user.clone(),
             env: spec.env.clone(),
             shm_mb: self.config.shm_mb,
-            reattach_grace_ms: 0,
+            reattach_grace_ms: self.reattach_grace_ms,
+            protected_paths: spec.protected_paths.clone(),
         })
     }
 
@@ -136,11 +150,26 @@ impl ContainerSubstrate {
             .map_err(|e| (CreateSandboxError::Spawn(e), None))?;
         let (ours, theirs) = std::os::unix::net::UnixStream::pair()
             .map_err(|e| (CreateSandboxError::Spawn(e), None))?;
+        let listener = if self.reattach_grace_ms > 0 {
+            Some(adopt::bind_listener(&spec.dir).map_err(|e| (CreateSandboxError::Spawn(e), None))?)
+        } else {
+            None
+        };
         let aether = self.config.aether_path.clone();
         let procs = cgroup.procs_files();
+        let user_procs = cgroup.user_procs_file();
+        let netns = spec.netns.clone();
         let spawned = tokio::task::spawn_blocking(move || {
-            let r = spawn::spawn_aether(&aether, &procs, theirs.as_fd());
+            let r = spawn::spawn_aether(
+                &aether,
+                &procs,
+                theirs.as_fd(),
+                listener.as_ref().map(|l| l.as_fd()),
+                user_procs.as_deref(),
+                netns.as_deref().map(|n| n.as_fd()),
+            );
             drop(theirs);
+            drop(listener);
             r
         })
         .await
@@ -401,6 +430,10 @@ impl Substrate for ContainerSubstrate {
 
     async fn destroy(&self, sb: &ContainerSandbox) -> Result<(), DestroySandboxError> {
         let p = &sb.process;
+        if sb.is_frozen() {
+            // A frozen (paused) task does not die of SIGKILL under the v1 freezer.
+            let _ = sb.resume().await;
+        }
         if p.exit_status().is_none() && !sb.client.is_closed() {
             // Polite first: aether kills its sessions and exits.
             let _ = tokio::time::timeout(SHUTDOWN_GRACE, async {
@@ -549,6 +582,7 @@ mod tests {
             pids_limit: 100,
             user: "root".into(),
             env: BTreeMap::new(),
+            ..Default::default()
         }
     }
 

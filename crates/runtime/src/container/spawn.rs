@@ -3,7 +3,8 @@
 //! The edge is a multi-threaded tokio process, so the child of `clone3` may only make
 //! async-signal-safe calls: everything it needs (paths, argv, envp, the opened `cgroup.procs`
 //! files) is prepared by the parent before the clone, and the child does nothing but join the
-//! cgroups, unshare its cgroup namespace, put the channel on fd 3 and exec. Failures are
+//! cgroups, unshare its cgroup namespace, put the channel on fd 3 (and the user cgroup's
+//! `cgroup.procs` on fd 5: aether moves every command it forks there) and exec. Failures are
 //! reported to the parent through a close-on-exec pipe (EOF there means the exec succeeded).
 
 use std::ffi::CString;
@@ -18,6 +19,10 @@ use super::pidfd;
 
 /// The fd number aether finds its channel on.
 pub const CHANNEL_FD: RawFd = 3;
+/// The fd number aether finds the edge's reattach listener on (optional).
+pub const REATTACH_FD: RawFd = 4;
+/// The fd number aether finds the user cgroup's `cgroup.procs` on (opened for writing).
+pub const USER_CGROUP_FD: RawFd = 5;
 
 /// `struct clone_args` of `clone3(2)` (the version-2 layout, 88 bytes).
 #[repr(C)]
@@ -42,6 +47,8 @@ const STEP_UNSHARE: u8 = 2;
 const STEP_CHANNEL: u8 = 3;
 const STEP_SIGNALS: u8 = 4;
 const STEP_EXEC: u8 = 5;
+const STEP_USER_CGROUP: u8 = 6;
+const STEP_NETNS: u8 = 7;
 
 fn step_name(step: u8) -> &'static str {
     match step {
@@ -50,6 +57,8 @@ fn step_name(step: u8) -> &'static str {
         STEP_CHANNEL => "move channel to fd 3",
         STEP_SIGNALS => "reset signal mask",
         STEP_EXEC => "exec aether",
+        STEP_USER_CGROUP => "move the user cgroup to fd 5",
+        STEP_NETNS => "join the prepared network namespace",
         _ => "unknown step",
     }
 }
@@ -69,6 +78,8 @@ struct Plan {
     _envp: Vec<CString>,
     envp_ptrs: Vec<*const libc::c_char>,
     cgroup_fds: Vec<OwnedFd>,
+    /// The user cgroup's `cgroup.procs`, numbered above [`USER_CGROUP_FD`].
+    user_cgroup: Option<OwnedFd>,
     sigset: libc::sigset_t,
 }
 
@@ -77,7 +88,7 @@ fn cstring(s: &[u8]) -> io::Result<CString> {
 }
 
 impl Plan {
-    fn new(aether: &Path, procs_files: &[PathBuf]) -> io::Result<Self> {
+    fn new(aether: &Path, procs_files: &[PathBuf], user_procs: Option<&Path>) -> io::Result<Self> {
         let path = cstring(aether.as_os_str().as_bytes())?;
         let argv = vec![
             cstring(b"dsec-aether")?,
@@ -95,17 +106,22 @@ impl Plan {
         };
         let argv_ptrs = ptrs(&argv);
         let envp_ptrs = ptrs(&envp);
+        let open = |p: &Path| {
+            OpenOptions::new()
+                .write(true)
+                .custom_flags(libc::O_CLOEXEC)
+                .open(p)
+                .map(OwnedFd::from)
+                .map_err(|e| io::Error::new(e.kind(), format!("open {}: {e}", p.display())))
+        };
         let cgroup_fds = procs_files
             .iter()
-            .map(|p| {
-                OpenOptions::new()
-                    .write(true)
-                    .custom_flags(libc::O_CLOEXEC)
-                    .open(p)
-                    .map(OwnedFd::from)
-                    .map_err(|e| io::Error::new(e.kind(), format!("open {}: {e}", p.display())))
-            })
+            .map(|p| open(p))
             .collect::<io::Result<Vec<_>>>()?;
+        let user_cgroup = match user_procs {
+            Some(p) => Some(dup_above(open(p)?, USER_CGROUP_FD)?),
+            None => None,
+        };
         // SAFETY: sigset_t is plain data; sigemptyset initialises it fully.
         let sigset = unsafe {
             let mut s = std::mem::zeroed::<libc::sigset_t>();
@@ -119,13 +135,14 @@ impl Plan {
             _envp: envp,
             envp_ptrs,
             cgroup_fds,
+            user_cgroup,
             sigset,
         })
     }
 }
 
-/// Creates a close-on-exec pipe whose fds are both above [`CHANNEL_FD`] (so that moving the
-/// channel onto fd 3 in the child never clobbers the error pipe).
+/// Creates a close-on-exec pipe whose write end is above [`USER_CGROUP_FD`] (so that moving the
+/// channel, listener and user cgroup onto fds 3, 4 and 5 in the child never clobbers it).
 fn error_pipe() -> io::Result<(OwnedFd, OwnedFd)> {
     let mut fds = [0 as RawFd; 2];
     // SAFETY: pipe2 writes two fds into the array we own.
@@ -134,7 +151,7 @@ fn error_pipe() -> io::Result<(OwnedFd, OwnedFd)> {
     }
     // SAFETY: pipe2 succeeded, so both fds are open and owned by nobody else.
     let (r, w) = unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) };
-    Ok((r, dup_above(w, CHANNEL_FD)?))
+    Ok((r, dup_above(w, USER_CGROUP_FD)?))
 }
 
 /// Returns `fd` renumbered to a close-on-exec fd greater than `min` if it is not already.
@@ -160,24 +177,36 @@ const NS_FLAGS: u64 = (libc::CLONE_NEWNS
     | libc::CLONE_NEWUTS) as u64;
 
 /// Starts `aether` in new namespaces, inside the cgroups whose `cgroup.procs` files are given,
-/// with `channel` on fd 3. Blocks until the exec happened (or failed); call it from a blocking
-/// context.
+/// with `channel` on fd 3 and, if given, the edge's reattach `listener` on fd 4. Blocks until the
+/// exec happened (or failed); call it from a blocking context. `user_procs` (the user cgroup's
+/// `cgroup.procs`), if given, is open for writing on fd 5.
 pub fn spawn_aether(
     aether: &Path,
     procs_files: &[PathBuf],
     channel: BorrowedFd<'_>,
+    listener: Option<BorrowedFd<'_>>,
+    user_procs: Option<&Path>,
+    netns: Option<BorrowedFd<'_>>,
 ) -> io::Result<Spawned> {
-    let plan = Plan::new(aether, procs_files)?;
+    let plan = Plan::new(aether, procs_files, user_procs)?;
+    // Above fd 4, so that putting the channel on fd 3 cannot clobber it.
+    let listener = listener
+        .map(|l| l.try_clone_to_owned().and_then(|l| dup_above(l, REATTACH_FD)))
+        .transpose()?;
+    let listen_fd = listener.as_ref().map_or(-1, |l| l.as_raw_fd());
     let (err_r, err_w) = error_pipe()?;
     let mut pidfd_out: RawFd = -1;
     let args = CloneArgs {
-        flags: NS_FLAGS | libc::CLONE_PIDFD as u64,
+        // With a prepared network namespace the child joins it instead of getting an empty one.
+        flags: if netns.is_some() { NS_FLAGS & !(libc::CLONE_NEWNET as u64) } else { NS_FLAGS }
+            | libc::CLONE_PIDFD as u64,
         pidfd: &mut pidfd_out as *mut RawFd as u64,
         exit_signal: libc::SIGCHLD as u64,
         ..CloneArgs::default()
     };
     let chan = channel.as_raw_fd();
     let err_fd = err_w.as_raw_fd();
+    let netns_fd = netns.map_or(-1, |n| n.as_raw_fd());
 
     // SAFETY: clone3 without CLONE_VM gives the child a copy of this thread's memory; `args` is a
     // valid clone_args of the size passed. The child branch below only makes async-signal-safe
@@ -191,7 +220,7 @@ pub fn spawn_aether(
     };
     if ret == 0 {
         // SAFETY: we are the child; `child_main` never returns.
-        unsafe { child_main(&plan, chan, err_fd) }
+        unsafe { child_main(&plan, chan, listen_fd, netns_fd, err_fd) }
     }
     if ret < 0 {
         return Err(io::Error::last_os_error());
@@ -253,11 +282,20 @@ fn read_full(fd: &OwnedFd, buf: &mut [u8]) -> io::Result<usize> {
 ///
 /// # Safety
 /// Must only be called in the child of a fork-like clone, with `plan` built before the clone.
-unsafe fn child_main(plan: &Plan, chan: RawFd, err_fd: RawFd) -> ! {
+unsafe fn child_main(
+    plan: &Plan,
+    chan: RawFd,
+    listen_fd: RawFd,
+    netns_fd: RawFd,
+    err_fd: RawFd,
+) -> ! {
     // SAFETY: every call is a raw system call or an async-signal-safe libc
     // function on memory that was fully prepared before the clone and is not mutated.
     unsafe {
         let fail = |step: u8| child_fail(err_fd, step);
+        if netns_fd >= 0 && libc::setns(netns_fd, libc::CLONE_NEWNET) != 0 {
+            fail(STEP_NETNS);
+        }
         for fd in &plan.cgroup_fds {
             if libc::write(fd.as_raw_fd(), b"0".as_ptr().cast(), 1) != 1 {
                 fail(STEP_CGROUP);
@@ -272,6 +310,16 @@ unsafe fn child_main(plan: &Plan, chan: RawFd, err_fd: RawFd) -> ! {
             }
         } else if libc::dup2(chan, CHANNEL_FD) != CHANNEL_FD {
             fail(STEP_CHANNEL);
+        }
+        if listen_fd >= 0 && libc::dup2(listen_fd, REATTACH_FD) != REATTACH_FD {
+            fail(STEP_CHANNEL);
+        }
+        // Last: the channel or listener may have been fd 5. The user cgroup's fd is above 5,
+        // so dup2 leaves a copy without close-on-exec exactly on fd 5.
+        if let Some(fd) = &plan.user_cgroup {
+            if libc::dup2(fd.as_raw_fd(), USER_CGROUP_FD) != USER_CGROUP_FD {
+                fail(STEP_USER_CGROUP);
+            }
         }
         // The edge's threads may block signals or ignore SIGPIPE; aether starts clean.
         if libc::sigprocmask(libc::SIG_SETMASK, &plan.sigset, std::ptr::null_mut()) != 0 {
@@ -311,16 +359,26 @@ mod tests {
     #[test]
     fn error_pipe_is_above_channel_fd() {
         let (r, w) = error_pipe().unwrap();
-        assert!(w.as_raw_fd() > CHANNEL_FD);
+        assert!(w.as_raw_fd() > USER_CGROUP_FD);
         drop(r);
     }
 
     #[test]
     fn plan_rejects_nul() {
-        assert!(Plan::new(Path::new("/bin/a\0b"), &[]).is_err());
-        let p = Plan::new(Path::new("/bin/true"), &[]).unwrap();
+        assert!(Plan::new(Path::new("/bin/a\0b"), &[], None).is_err());
+        let p = Plan::new(Path::new("/bin/true"), &[], None).unwrap();
         assert_eq!(p.argv_ptrs.len(), 4);
         assert!(p.argv_ptrs[3].is_null());
         assert!(p.envp_ptrs.last().unwrap().is_null());
+    }
+
+    #[test]
+    fn user_cgroup_fd_is_above_its_target() {
+        let d = tempfile::tempdir().unwrap();
+        let f = d.path().join("cgroup.procs");
+        std::fs::write(&f, "").unwrap();
+        let p = Plan::new(Path::new("/bin/true"), &[], Some(&f)).unwrap();
+        assert!(p.user_cgroup.as_ref().unwrap().as_raw_fd() > USER_CGROUP_FD);
+        assert!(Plan::new(Path::new("/bin/true"), &[], Some(&d.path().join("no"))).is_err());
     }
 }
