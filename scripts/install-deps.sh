@@ -3,7 +3,8 @@
 set -euo pipefail
 
 PKGS=(erofs-utils busybox-static debootstrap runc bubblewrap nftables iproute2 sqlite3
-      libseccomp-dev python3 python3-pip python3-venv ca-certificates procps psmisc hyperfine)
+      libseccomp-dev python3 python3-pip python3-venv ca-certificates procps psmisc hyperfine
+      sshfs openssh-server docker-registry skopeo)
 
 missing=()
 for p in "${PKGS[@]}"; do

@@ -26,6 +26,8 @@ pub struct ImportOptions {
     /// `mkfs.erofs -z` compressor (`lz4`, `lz4hc`, `lz4hc,9`, ...). `None`: uncompressed,
     /// which is the fastest to read.
     pub compression: Option<String>,
+    /// Recorded as the image's `source` (`dir` when unset).
+    pub source: Option<String>,
 }
 
 /// Removes a temporary path (file or tree) when dropped, so every exit path — success, error,
@@ -85,27 +87,54 @@ fn remove_any(p: &Path) {
     }
 }
 
-/// A layer file built in `tmp/`, with its digest and size.
+/// A layer built in `tmp/`: its metadata image, its data blob (absent when the layer has no
+/// chunked data or was built compressed), and the digests that identify and verify it.
 pub struct BuiltLayer {
     pub file: TempPath,
+    pub blob: Option<TempPath>,
+    /// Layer id: sha256 of the metadata image alone, or of `"<meta sha256>:<blob sha256>"`.
     pub digest: String,
-    pub size_bytes: u64,
+    pub meta_sha256: String,
+    pub meta_bytes: u64,
+    pub blob_bytes: u64,
+    /// sha256 of the blob's first and last [`SAMPLE_BYTES`] (see [`sample_digest`]).
+    pub blob_sample: Option<String>,
 }
 
-/// Builds an EROFS image of `dir` at `out` and hashes it.
+/// Chunk size of the data blob (`mkfs.erofs --chunksize`).
+pub const CHUNK_SIZE: u32 = 64 * 1024;
+/// Bytes hashed at each end of a blob for the cheap acquire-time check.
+pub const SAMPLE_BYTES: u64 = 64 * 1024;
+
+/// Builds an EROFS layer of `dir`: a metadata image at `out` plus, unless compression is
+/// asked for, a data blob next to it (`mkfs.erofs --chunksize --blobdev`).
 pub async fn build_layer(
     name: &str,
     dir: &Path,
     out: PathBuf,
     opts: &ImportOptions,
 ) -> Result<BuiltLayer, ImageError> {
+    build_layer_excluding(name, dir, out, opts, &[]).await
+}
+
+/// [`build_layer`] leaving out `excluded` (paths relative to `dir`, with everything below).
+pub async fn build_layer_excluding(
+    name: &str,
+    dir: &Path,
+    out: PathBuf,
+    opts: &ImportOptions,
+    excluded: &[String],
+) -> Result<BuiltLayer, ImageError> {
     let user_err = |message: String| ImageError::Import {
         name: name.to_string(),
         message,
     };
     let file = TempPath::new(out.clone());
+    let blob_path = out.with_extension("blob");
+    let blob = TempPath::new(blob_path.clone());
     let mut cmd = tokio::process::Command::new("mkfs.erofs");
     cmd.arg("--quiet");
+    let split = opts.compression.is_none();
     if let Some(z) = &opts.compression {
         let valid = !z.is_empty()
             && z.bytes()
@@ -116,6 +145,13 @@ pub async fn build_layer(
             )));
         }
         cmd.arg(format!("-z{z}"));
+    } else {
+        cmd.arg(format!("--chunksize={CHUNK_SIZE}"));
+        cmd.arg(format!("--blobdev={}", blob_path.display()));
+    }
+    for e in excluded {
+        // mkfs.erofs matches the path as it walks: `<dir>/<rel>`.
+        cmd.arg(format!("--exclude-path={}", dir.join(e).display()));
     }
     cmd.arg(&out).arg(dir);
     cmd.stdin(std::process::Stdio::null());
@@ -133,24 +169,72 @@ pub async fn build_layer(
     if !output.status.success() {
         let stderr = String::from_utf8_lossy(&output.stderr);
         let stdout = String::from_utf8_lossy(&output.stdout);
-        // mkfs.erofs may have left a partial image; remove it before reporting.
+        // mkfs.erofs may have left partial output; remove it before reporting.
         file.cleanup().await;
+        blob.cleanup().await;
         return Err(user_err(format!(
             "mkfs.erofs failed ({}): {}",
             output.status,
             format!("{} {}", stderr.trim(), stdout.trim()).trim()
         )));
     }
-    let path = out.clone();
-    let (digest, size_bytes) = tokio::task::spawn_blocking(move || sha256_file(&path))
-        .await
-        .map_err(|e| io::Error::other(format!("hash layer: {e}")))?
-        .map_err(|e| io::Error::new(e.kind(), format!("hash layer {}: {e}", out.display())))?;
-    Ok(BuiltLayer {
-        file,
-        digest,
-        size_bytes,
+    let (meta_path, bpath) = (out.clone(), blob_path.clone());
+    let hashed = tokio::task::spawn_blocking(move || -> io::Result<_> {
+        let (meta_sha, meta_bytes) = sha256_file(&meta_path)
+            .map_err(|e| io::Error::new(e.kind(), format!("hash {}: {e}", meta_path.display())))?;
+        let blob = if split && fs::metadata(&bpath).map(|m| m.len()).unwrap_or(0) > 0 {
+            let (sha, len) = sha256_file(&bpath)
+                .map_err(|e| io::Error::new(e.kind(), format!("hash {}: {e}", bpath.display())))?;
+            let sample = sample_digest(&mut fs::File::open(&bpath)?, len)?;
+            Some((sha, len, sample))
+        } else {
+            None
+        };
+        Ok((meta_sha, meta_bytes, blob))
     })
+    .await
+    .map_err(|e| io::Error::other(format!("hash layer: {e}")))??;
+    let (meta_sha256, meta_bytes, blob_info) = hashed;
+    Ok(match blob_info {
+        Some((blob_sha, blob_bytes, sample)) => BuiltLayer {
+            file,
+            blob: Some(blob),
+            digest: hex::encode(Sha256::digest(format!("{meta_sha256}:{blob_sha}"))),
+            meta_sha256,
+            meta_bytes,
+            blob_bytes,
+            blob_sample: Some(sample),
+        },
+        None => {
+            blob.cleanup().await;
+            BuiltLayer {
+                file,
+                blob: None,
+                digest: meta_sha256.clone(),
+                meta_sha256,
+                meta_bytes,
+                blob_bytes: 0,
+                blob_sample: None,
+            }
+        }
+    })
+}
+
+/// sha256 over the first and the last [`SAMPLE_BYTES`] of an object of `len` bytes (read
+/// with `read_at`-style positioned reads), plus its length: a cheap check that a blob in the
+/// store is the one the layer was built with (catches truncation, replacement, and damage at
+/// either end) without reading all of it.
+pub fn sample_digest<R: std::os::unix::fs::FileExt>(f: &mut R, len: u64) -> io::Result<String> {
+    let mut h = Sha256::new();
+    h.update(len.to_le_bytes());
+    let head = SAMPLE_BYTES.min(len);
+    let tail_start = len.saturating_sub(SAMPLE_BYTES).max(head);
+    for (start, end) in [(0, head), (tail_start, len)] {
+        let mut buf = vec![0u8; (end - start) as usize];
+        f.read_exact_at(&mut buf, start)?;
+        h.update(&buf);
+    }
+    Ok(hex::encode(h.finalize()))
 }
 
 /// sha256 (lowercase hex) and length of a file; fsyncs it as well, since it is about to be

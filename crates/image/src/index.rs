@@ -16,19 +16,38 @@ use crate::ImageError;
 pub const INDEX_FILE: &str = "index.json";
 const INDEX_VERSION: u32 = 1;
 
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct LayerRecord {
-    /// sha256 of the layer's EROFS file, 64 lowercase hex characters.
+    /// Layer id, 64 lowercase hex characters: sha256 of the metadata image, or of
+    /// `"<meta sha256>:<blob sha256>"` when the layer has a data blob.
     pub digest: String,
+    /// Metadata image plus data blob.
     pub size_bytes: u64,
+    /// sha256 of the metadata image (verified before the first mount on this node).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub meta_sha256: Option<String>,
+    #[serde(default)]
+    pub meta_bytes: u64,
+    /// Size of the data blob in the blob store; 0: no blob (all data in the metadata image).
+    #[serde(default)]
+    pub blob_bytes: u64,
+    /// sha256 of the blob's length and its first and last 64 KiB (checked before mounting).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub blob_sample: Option<String>,
 }
 
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ImageRecord {
     /// Bottom-most layer first.
     pub layers: Vec<LayerRecord>,
     /// RFC 3339 UTC.
     pub created_at: String,
+    /// The image this one was derived from (pack_diff).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub parent: Option<String>,
+    /// Where it came from (`dir`, `tar`, `docker-archive`, ...).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub source: Option<String>,
 }
 
 impl ImageRecord {
@@ -104,6 +123,14 @@ impl Index {
         Ok(())
     }
 
+    /// The record of layer `digest` in any image.
+    pub fn layer(&self, digest: &str) -> Option<&LayerRecord> {
+        self.images
+            .values()
+            .flat_map(|r| r.layers.iter())
+            .find(|l| l.digest == digest)
+    }
+
     /// True if some image other than `except` uses `digest`.
     pub fn references(&self, digest: &str, except: Option<&str>) -> bool {
         self.images
@@ -126,13 +153,16 @@ mod tests {
                     LayerRecord {
                         digest: "a".repeat(64),
                         size_bytes: 10,
+                        ..LayerRecord::default()
                     },
                     LayerRecord {
                         digest: "b".repeat(64),
                         size_bytes: 5,
+                        ..LayerRecord::default()
                     },
                 ],
                 created_at: "2025-01-01T00:00:00Z".into(),
+                ..ImageRecord::default()
             },
         );
         idx.images.insert(
@@ -141,8 +171,10 @@ mod tests {
                 layers: vec![LayerRecord {
                     digest: "b".repeat(64),
                     size_bytes: 5,
+                    ..LayerRecord::default()
                 }],
                 created_at: "2025-01-02T00:00:00Z".into(),
+                ..ImageRecord::default()
             },
         );
         idx

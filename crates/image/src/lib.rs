@@ -26,6 +26,7 @@
 //! - `mnt/<sha256>/` — where a layer is mounted while in use (and for a grace period after);
 //! - `tmp/` — imports in progress, wiped at open.
 
+pub mod blobstore;
 mod busybox;
 mod import;
 mod index;

@@ -10,16 +10,41 @@ use nix::mount::{MntFlags, MsFlags};
 /// Mounts the EROFS file `file` read-only at `target` (created if missing). File-backed EROFS
 /// mounts take the image file itself as the source. `nosuid,nodev` only affect direct access
 /// through this host path; overlays built on top apply their own mount flags.
-pub fn mount_erofs(file: &Path, target: &Path) -> io::Result<()> {
+///
+/// With `blob`, `file` is a metadata image whose chunk data lives in `blob` (`-o device=BLOB`):
+/// EROFS reads data blocks from that file on demand.
+pub fn mount_erofs_with(file: &Path, target: &Path, blob: Option<&Path>) -> io::Result<()> {
     fs::create_dir_all(target)?;
+    let data = match blob {
+        Some(b) => {
+            let s = b.to_str().filter(|s| !s.contains(',')).ok_or_else(|| {
+                io::Error::new(
+                    io::ErrorKind::InvalidInput,
+                    format!("blob path {} cannot be a mount option", b.display()),
+                )
+            })?;
+            Some(format!("device={s}"))
+        }
+        None => None,
+    };
     nix::mount::mount(
         Some(file),
         target,
         Some("erofs"),
         MsFlags::MS_RDONLY | MsFlags::MS_NOSUID | MsFlags::MS_NODEV,
-        None::<&str>,
+        data.as_deref(),
     )
-    .map_err(io::Error::from)
+    .map_err(|e| {
+        io::Error::new(
+            io::Error::from(e).kind(),
+            format!(
+                "mount -t erofs {}{} {}: {e}",
+                file.display(),
+                data.as_deref().map(|d| format!(" -o {d}")).unwrap_or_default(),
+                target.display()
+            ),
+        )
+    })
 }
 
 /// Unmounts `target`; if it is busy, detaches it (lazy unmount) instead. A path that is not a

@@ -17,6 +17,7 @@ use std::time::Duration;
 
 use dsec_wire::api::{ImageInfo, ImageLayerInfo};
 
+use crate::blobstore::{self, BlobStore};
 use crate::busybox::{self, BUSYBOX_IMAGE, HOST_BUSYBOX};
 use crate::import::{self, BuiltLayer, ImportOptions, TempPath};
 use crate::index::{ImageRecord, Index, LayerRecord};
@@ -33,6 +34,7 @@ pub struct ImageStore {
 
 struct Inner {
     root: PathBuf,
+    blobs: Box<dyn BlobStore>,
     state: Mutex<State>,
     grace_ms: AtomicU64,
     busybox_lock: tokio::sync::Mutex<()>,
@@ -67,10 +69,12 @@ impl Layer {
     }
 }
 
-/// A hold on an image's mounted layers; dropping it releases the references.
+/// A hold on an image's mounted layers (or on a composition of images: base, workspace,
+/// toolkits); dropping it releases the references.
 pub struct ImageLease {
     inner: Arc<Inner>,
-    image: String,
+    /// Leased image names: the base first, then workspace and toolkits.
+    images: Vec<String>,
     /// Bottom-most first, as in the index.
     digests: Vec<String>,
     runtime: Option<tokio::runtime::Handle>,
@@ -86,9 +90,14 @@ impl ImageLease {
             .collect()
     }
 
-    /// The image's `name:tag`.
+    /// The (base) image's `name:tag`.
     pub fn image(&self) -> &str {
-        &self.image
+        self.images.first().map(String::as_str).unwrap_or("")
+    }
+
+    /// Every leased image: the base first, then the workspace and toolkits.
+    pub fn images(&self) -> &[String] {
+        &self.images
     }
 
     /// The layers' EROFS files, top-most first (for substrates that attach them as disks).
@@ -109,7 +118,7 @@ impl ImageLease {
 impl fmt::Debug for ImageLease {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("ImageLease")
-            .field("image", &self.image)
+            .field("images", &self.images)
             .field("digests", &self.digests)
             .finish()
     }
@@ -127,10 +136,12 @@ impl Drop for ImageLease {
     fn drop(&mut self) {
         let idle = {
             let mut st = self.inner.lock();
-            if let Some(n) = st.leases.get_mut(&self.image) {
-                *n = n.saturating_sub(1);
-                if *n == 0 {
-                    st.leases.remove(&self.image);
+            for image in &self.images {
+                if let Some(n) = st.leases.get_mut(image) {
+                    *n = n.saturating_sub(1);
+                    if *n == 0 {
+                        st.leases.remove(image);
+                    }
                 }
             }
             let mut idle = Vec::new();
@@ -263,6 +274,8 @@ impl Inner {
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
             Err(e) => return Err(e),
         }
+        self.blobs.remove(&blob_key(digest))?;
+        self.blobs.remove(&meta_key(digest))?;
         tracing::debug!(digest, "layer deleted");
         Ok(())
     }
@@ -276,18 +289,34 @@ impl Inner {
                 .map(|l| ImageLayerInfo {
                     digest: l.digest.clone(),
                     size_bytes: l.size_bytes,
+                    meta_bytes: if l.meta_bytes == 0 {
+                        l.size_bytes
+                    } else {
+                        l.meta_bytes
+                    },
+                    blob_bytes: l.blob_bytes,
+                    users: st.layers.get(&l.digest).map(|x| x.refs).unwrap_or(0),
                 })
                 .collect(),
             size_bytes: rec.size_bytes(),
             created_at: rec.created_at.clone(),
             in_use: st.leases.get(image).copied().unwrap_or(0),
+            parent: rec.parent.clone(),
+            source: rec.source.clone(),
         }
     }
 }
 
 impl ImageStore {
-    /// Opens (creating if needed) the store at `root`: loads the index and wipes `tmp/`.
+    /// Opens (creating if needed) the store at `root` with the default blob store (the
+    /// directory `<root>/blobs`): loads the index and wipes `tmp/`.
     pub fn open(root: impl Into<PathBuf>) -> Result<Self, ImageError> {
+        Self::open_with(root, "local")
+    }
+
+    /// [`ImageStore::open`] with a blob store spec: `local`, `local:/dir` or
+    /// `posix:/mounted/dir` (see [`crate::blobstore::from_spec`]).
+    pub fn open_with(root: impl Into<PathBuf>, blob_store: &str) -> Result<Self, ImageError> {
         let root: PathBuf = root.into();
         fs::create_dir_all(&root)?;
         let root = root.canonicalize()?;
@@ -301,9 +330,12 @@ impl ImageStore {
         fs::create_dir_all(&tmp)?;
         let _ = fs::remove_file(root.join(format!("{}.tmp", crate::index::INDEX_FILE)));
         let index = Index::load(&root)?;
+        let blobs = blobstore::from_spec(blob_store, &root.join("blobs"))?;
+        tracing::info!(store = %blobs.describe(), "image blob store");
         Ok(ImageStore {
             inner: Arc::new(Inner {
                 root,
+                blobs,
                 state: Mutex::new(State {
                     index,
                     leases: HashMap::new(),
@@ -437,7 +469,11 @@ impl ImageStore {
         let root = work.path().join("root");
         let res = self.unpack_into(&name, reader, work.path(), &root).await;
         let res = match res {
-            Ok(()) => self.import_dir_with(&name, &root, opts).await,
+            Ok(()) => {
+                let mut opts = opts.clone();
+                opts.source.get_or_insert_with(|| "tar".into());
+                self.import_dir_with(&name, &root, &opts).await
+            }
             Err(e) => Err(e),
         };
         work.cleanup().await;
@@ -535,31 +571,64 @@ impl ImageStore {
         }
         let out = self.inner.tmp_path("layer").with_extension("erofs");
         let built = import::build_layer(&name, dir, out, opts).await?;
-        self.register(&name, vec![built])
+        let source = opts.source.clone().unwrap_or_else(|| "dir".into());
+        self.register(&name, Vec::new(), vec![built], None, Some(source))
+            .await
     }
 
-    /// Moves built layers into `layers/` and points `name` at them (bottom first).
-    fn register(&self, name: &str, built: Vec<BuiltLayer>) -> Result<ImageInfo, ImageError> {
+    /// Stores built layers (metadata image in `layers/` and in the blob store, data blob in
+    /// the blob store) and points `name` at `base` + them (bottom first).
+    pub(crate) async fn register(
+        &self,
+        name: &str,
+        base: Vec<LayerRecord>,
+        built: Vec<BuiltLayer>,
+        parent: Option<String>,
+        source: Option<String>,
+    ) -> Result<ImageInfo, ImageError> {
+        // Uploads first, off the executor and without the state lock (they may be slow on a
+        // network store). Objects are content-addressed, so a concurrent import of the same
+        // layer writes the same bytes.
+        let inner = self.inner.clone();
+        let (built, records) = tokio::task::spawn_blocking(move || {
+            let mut records = Vec::with_capacity(built.len());
+            for b in &built {
+                if let Some(blob) = &b.blob {
+                    inner.blobs.put(&blob_key(&b.digest), blob.path())?;
+                }
+                inner.blobs.put(&meta_key(&b.digest), b.file.path())?;
+                records.push(LayerRecord {
+                    digest: b.digest.clone(),
+                    size_bytes: b.meta_bytes + b.blob_bytes,
+                    meta_sha256: Some(b.meta_sha256.clone()),
+                    meta_bytes: b.meta_bytes,
+                    blob_bytes: b.blob_bytes,
+                    blob_sample: b.blob_sample.clone(),
+                });
+            }
+            Ok::<_, std::io::Error>((built, records))
+        })
+        .await
+        .map_err(|e| std::io::Error::other(format!("store layers: {e}")))??;
         let mut st = self.inner.lock();
-        let mut records = Vec::with_capacity(built.len());
         for b in built {
             let dst = self.inner.layer_path(&b.digest);
             if dst.exists() {
-                // Same content already stored; the temp file is dropped (and removed).
+                // Same content already stored; the temp files are dropped (and removed).
                 tracing::debug!(digest = %b.digest, "layer already stored");
             } else {
                 fs::rename(b.file.path(), &dst)?;
                 b.file.keep();
             }
-            records.push(LayerRecord {
-                digest: b.digest,
-                size_bytes: b.size_bytes,
-            });
         }
         fs::File::open(self.inner.root.join("layers"))?.sync_all()?;
+        let mut layers = base;
+        layers.extend(records);
         let rec = ImageRecord {
-            layers: records,
+            layers,
             created_at: time::now_rfc3339(),
+            parent,
+            source,
         };
         let old = st.index.images.insert(name.to_string(), rec.clone());
         if let Err(e) = st.index.save(&self.inner.root) {
@@ -645,16 +714,48 @@ impl ImageStore {
 
     /// Takes a lease on the image, mounting any of its layers not mounted yet.
     pub async fn acquire(&self, name: &str) -> Result<ImageLease, ImageError> {
-        let name = name::canonical(name)?;
+        self.acquire_composed(name, None, &[]).await
+    }
+
+    /// Takes a lease on a composition: the layers of `base`, then of `workspace`, then of each
+    /// toolkit in order (each image's layers bottom first), so that the overlay lowers are
+    /// `toolkits (last first) : workspace : base`. A layer present in several parts is used
+    /// once, at its top-most position.
+    pub async fn acquire_composed(
+        &self,
+        base: &str,
+        workspace: Option<&str>,
+        toolkits: &[String],
+    ) -> Result<ImageLease, ImageError> {
+        let mut names = vec![name::canonical(base)?];
+        if let Some(w) = workspace {
+            names.push(name::canonical(w)?);
+        }
+        for t in toolkits {
+            names.push(name::canonical(t)?);
+        }
         let (digests, locks) = {
             let mut st = self.inner.lock();
-            let rec = st
-                .index
-                .images
-                .get(&name)
-                .ok_or_else(|| ImageError::NotFound(name.clone()))?;
-            let digests: Vec<String> = rec.layers.iter().map(|l| l.digest.clone()).collect();
-            *st.leases.entry(name.clone()).or_insert(0) += 1;
+            let mut all: Vec<String> = Vec::new();
+            for n in &names {
+                let rec = st
+                    .index
+                    .images
+                    .get(n)
+                    .ok_or_else(|| ImageError::NotFound(n.clone()))?;
+                all.extend(rec.layers.iter().map(|l| l.digest.clone()));
+            }
+            // Keep the top-most occurrence of each layer.
+            let mut seen = std::collections::HashSet::new();
+            let mut digests: Vec<String> = all
+                .into_iter()
+                .rev()
+                .filter(|d| seen.insert(d.clone()))
+                .collect();
+            digests.reverse();
+            for n in &names {
+                *st.leases.entry(n.clone()).or_insert(0) += 1;
+            }
             let mut locks = Vec::with_capacity(digests.len());
             for d in &digests {
                 let l = st.layers.entry(d.clone()).or_insert_with(Layer::new);
@@ -670,7 +771,7 @@ impl ImageStore {
         // From here on, dropping the lease (error or cancellation) gives the references back.
         let lease = ImageLease {
             inner: self.inner.clone(),
-            image: name,
+            images: names,
             digests: digests.clone(),
             runtime: tokio::runtime::Handle::try_current().ok(),
         };
@@ -727,18 +828,23 @@ impl Inner {
     fn mount_layer(&self, digest: &str) -> std::io::Result<()> {
         let file = self.layer_path(digest);
         let target = self.mnt_path(digest);
-        if !file.exists() {
-            return Err(std::io::Error::new(
-                std::io::ErrorKind::NotFound,
-                format!(
-                    "layer file {} is missing; re-import the image",
-                    file.display()
-                ),
-            ));
-        }
+        let rec = self.lock().index.layer(digest).cloned();
         if mount::mount_count(&target)? == 0 {
-            mount::mount_erofs(&file, &target)?;
-            tracing::debug!(digest, "layer mounted");
+            let device = match &rec {
+                Some(rec) => self.verify_layer(rec)?,
+                None => None,
+            };
+            if !file.exists() {
+                return Err(std::io::Error::new(
+                    std::io::ErrorKind::NotFound,
+                    format!(
+                        "layer file {} is missing; re-import the image",
+                        file.display()
+                    ),
+                ));
+            }
+            mount::mount_erofs_with(&file, &target, device.as_deref())?;
+            tracing::debug!(digest, blob = ?device, "layer mounted");
         }
         let mut st = self.lock();
         match st.layers.get_mut(digest) {
@@ -751,6 +857,104 @@ impl Inner {
         }
         Ok(())
     }
+}
+
+impl Inner {
+    /// Before the first mount of a layer on this node: fetches its metadata image from the
+    /// blob store if it is not on local disk, checks the metadata image's sha256, and checks
+    /// the data blob's size and the digest of its first and last 64 KiB. Returns the blob's
+    /// path for `device=`. A layer that fails is reported, never mounted: a truncated or
+    /// replaced blob cannot leave a sandbox hanging on reads of missing blocks.
+    fn verify_layer(&self, rec: &LayerRecord) -> std::io::Result<Option<PathBuf>> {
+        use std::io::{Error, ErrorKind};
+        let digest = &rec.digest;
+        let file = self.layer_path(digest);
+        if !file.exists() {
+            let tmp = self.tmp_path("meta");
+            match self.blobs.fetch(&meta_key(digest), &tmp) {
+                Ok(_) => fs::rename(&tmp, &file)?,
+                Err(e) => {
+                    let _ = fs::remove_file(&tmp);
+                    return Err(Error::new(
+                        e.kind(),
+                        format!(
+                            "layer {digest}: metadata image is neither on local disk nor in the blob store {} ({e}); re-import the image",
+                            self.blobs.describe()
+                        ),
+                    ));
+                }
+            }
+        }
+        if let Some(want) = &rec.meta_sha256 {
+            let (got, _) = import::sha256_file(&file)?;
+            if &got != want {
+                return Err(Error::new(
+                    ErrorKind::InvalidData,
+                    format!(
+                        "layer {digest}: metadata image {} is corrupt (sha256 {got}, expected {want}); remove and re-import the image",
+                        file.display()
+                    ),
+                ));
+            }
+        }
+        if rec.blob_bytes == 0 {
+            return Ok(None);
+        }
+        let key = blob_key(digest);
+        let corrupt = |what: String| {
+            Error::new(
+                ErrorKind::InvalidData,
+                format!(
+                    "layer {digest}: data blob {key} in {} is {what}; restore it or re-import the image",
+                    self.blobs.describe()
+                ),
+            )
+        };
+        match self.blobs.size(&key)? {
+            None => return Err(corrupt("missing".into())),
+            Some(n) if n != rec.blob_bytes => {
+                return Err(corrupt(format!(
+                    "truncated or wrong ({n} bytes, expected {})",
+                    rec.blob_bytes
+                )))
+            }
+            Some(_) => {}
+        }
+        if let Some(want) = &rec.blob_sample {
+            let mut reader = StoreReader {
+                store: self.blobs.as_ref(),
+                key: &key,
+            };
+            let got = import::sample_digest(&mut reader, rec.blob_bytes)?;
+            if &got != want {
+                return Err(corrupt("corrupt (its first/last 64 KiB do not match)".into()));
+            }
+        }
+        Ok(Some(self.blobs.mount_source(&key)?))
+    }
+}
+
+/// Positioned reads of a store object, for [`import::sample_digest`].
+struct StoreReader<'a> {
+    store: &'a dyn BlobStore,
+    key: &'a str,
+}
+
+impl std::os::unix::fs::FileExt for StoreReader<'_> {
+    fn read_at(&self, buf: &mut [u8], offset: u64) -> std::io::Result<usize> {
+        self.store.read_at(self.key, offset, buf)
+    }
+    fn write_at(&self, _buf: &[u8], _offset: u64) -> std::io::Result<usize> {
+        Err(std::io::Error::other("read-only"))
+    }
+}
+
+pub(crate) fn blob_key(digest: &str) -> String {
+    format!("{digest}.blob")
+}
+
+pub(crate) fn meta_key(digest: &str) -> String {
+    format!("{digest}.meta")
 }
 
 fn import_err(name: &str, message: String) -> ImageError {

@@ -498,6 +498,7 @@ async fn compressed_layers_work() {
     drop(f);
     let opts = ImportOptions {
         compression: Some("lz4hc".into()),
+        ..ImportOptions::default()
     };
     let info = t
         .store
@@ -513,6 +514,7 @@ async fn compressed_layers_work() {
     );
     let bad = ImportOptions {
         compression: Some("lz4 --all-root".into()),
+        ..ImportOptions::default()
     };
     let err = t
         .store
@@ -525,6 +527,7 @@ async fn compressed_layers_work() {
     );
     let bad = ImportOptions {
         compression: Some("zstd".into()),
+        ..ImportOptions::default()
     };
     let err = t
         .store
