@@ -8,6 +8,9 @@
 //! | GET | `/v1/sandboxes` | | [`SandboxList`] |
 //! | GET | `/v1/sandboxes/{id}` | | [`SandboxInfo`] |
 //! | DELETE | `/v1/sandboxes/{id}` | | [`SandboxInfo`] (state `stopped`) |
+//! | POST | `/v1/sandboxes/{id}/pause` | | [`SandboxInfo`] (state `paused`, `last_pause` memory report) |
+//! | POST | `/v1/sandboxes/{id}/resume` | | [`SandboxInfo`] (state `running`) |
+//! | POST | `/v1/jobs/pause`, `/v1/jobs/resume`, `/v1/jobs/stop` | [`LabelSelector`] | [`JobOpResult`] (every matching sandbox on every node) |
 //! | POST | `/v1/sandboxes/{id}/shell` | [`RunShellRequest`] | [`CommandResult`], or NDJSON [`StreamEvent`]s when `stream` |
 //! | POST | `/v1/sandboxes/{id}/exec` | [`ExecRequest`] | [`CommandResult`], or NDJSON [`StreamEvent`]s when `stream` |
 //! | DELETE | `/v1/sandboxes/{id}/sessions/{name}` | | 204 |
@@ -17,6 +20,10 @@
 //! | GET | `/v1/sandboxes/{id}/files/stat?path=P` | | [`FileInfo`] |
 //! | DELETE | `/v1/sandboxes/{id}/files?path=P&recursive=B` | | 204 |
 //! | POST | `/v1/sandboxes/{id}/files/mkdir?path=P&mode=0755&parents=B` | | [`FileInfo`] |
+//! | GET | `/v1/sandboxes/{id}/trajectory?from=&to=&kind=&since=&until=&path=` | | JSONL of [`TrajectoryRecord`] |
+//! | GET | `/v1/sandboxes/{id}/trajectory/last_step` | | [`LastStep`] |
+//! | GET | `/v1/sandboxes/{id}/network` | | [`NetworkStatus`] (mode, rules, addresses, denied counters) |
+//! | PUT | `/v1/sandboxes/{id}/network` | [`NetworkSpec`] | [`NetworkStatus`]; effective for new connections at once |
 //! | GET (WebSocket) | `/v1/sandboxes/{id}/tty?rows=R&cols=C&session=S` | binary frames = terminal bytes; text frames = [`TtyControl`] | |
 //! | GET | `/v1/images` | | [`ImageList`] |
 //! | PUT | `/v1/images/{name}` | a tar stream (`content-type: application/x-tar`, gzip accepted) | 201 [`ImageInfo`] |
@@ -67,9 +74,22 @@ pub struct CreateSandboxRequest {
     /// Hard lifetime in seconds (stored; enforced by the TTL reaper).
     #[serde(default)]
     pub ttl_total: Option<u64>,
+    /// What `ttl_running_stop` does when it fires: `stop` (default) or `pause`.
+    #[serde(default)]
+    pub ttl_action: Option<TtlAction>,
     /// Named domain groups to allow or deny (stored; enforced by the network policy).
     #[serde(default)]
     pub network_rules: BTreeMap<String, bool>,
+    /// Network mode and IP/CIDR/port/protocol rules (default: `none`, or `allowlist` when
+    /// `network_rules` enables a group). See [`NetworkSpec`].
+    #[serde(default)]
+    pub network: Option<NetworkSpec>,
+    /// Paths inside the sandbox that stay read-only even to root (Landlock), e.g. `/tests`.
+    #[serde(default)]
+    pub protected_paths: Vec<String>,
+    /// Size limit of the sandbox's writable layer in MiB (ENOSPC past it; default: edge config).
+    #[serde(default)]
+    pub disk_limit_mb: Option<u64>,
     /// User the sandbox's commands run as: `root` or a user of the image (name or uid).
     #[serde(default)]
     pub init_user: Option<String>,
@@ -91,11 +111,25 @@ pub struct CreateSandboxRequest {
     /// Idempotency key: a retried create with the same key returns the same sandbox.
     #[serde(default)]
     pub idempotency_key: Option<String>,
+    /// Keep a trajectory log for this sandbox (default: the edge's `trajectory.enabled`, on).
+    /// `false` turns off logging and client fast-forward for it.
+    #[serde(default)]
+    pub trajectory: Option<bool>,
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+/// What the idle TTL (`ttl_running_stop`) does when it fires.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[serde(rename_all = "snake_case")]
+pub enum TtlAction {
+    #[default]
+    Stop,
+    Pause,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
 #[serde(rename_all = "snake_case")]
 pub enum SandboxState {
+    #[default]
     Creating,
     Running,
     Paused,
@@ -105,7 +139,7 @@ pub enum SandboxState {
 }
 
 /// What the platform knows about one sandbox.
-#[derive(Debug, Clone, Serialize, Deserialize)]
+#[derive(Debug, Clone, Serialize, Deserialize, Default)]
 pub struct SandboxInfo {
     pub id: String,
     pub node: String,
@@ -133,6 +167,66 @@ pub struct SandboxInfo {
     /// Why the sandbox stopped or failed, when it did.
     #[serde(default)]
     pub reason: Option<String>,
+    /// What the idle TTL does when it fires.
+    #[serde(default)]
+    pub ttl_action: TtlAction,
+    /// RFC 3339 UTC time of the last request that touched the sandbox (the idle clock).
+    #[serde(default)]
+    pub last_request_at: Option<String>,
+    /// RFC 3339 UTC time the sandbox was paused, while it is paused.
+    #[serde(default)]
+    pub paused_at: Option<String>,
+    /// Memory report of the most recent pause.
+    #[serde(default)]
+    pub last_pause: Option<PauseReport>,
+}
+
+/// What a pause did: memory before and after, and how it was reclaimed.
+#[derive(Debug, Clone, Serialize, Deserialize, Default, PartialEq)]
+pub struct PauseReport {
+    /// Memory charged to the sandbox before the pause (page cache + anonymous + kernel).
+    pub memory_before_bytes: u64,
+    pub memory_after_bytes: u64,
+    pub page_cache_before_bytes: u64,
+    pub page_cache_after_bytes: u64,
+    pub anon_before_bytes: u64,
+    pub anon_after_bytes: u64,
+    /// How memory was given back, e.g. `memory.force_empty (v1, no swap: page cache only)`.
+    pub method: String,
+    /// Wall time of the whole pause (freeze + reclaim) in milliseconds.
+    pub pause_ms: f64,
+}
+
+/// Body of `POST /v1/jobs/{pause,resume,stop}`: every sandbox whose labels include all of
+/// these (an empty selector matches nothing).
+#[derive(Debug, Clone, Serialize, Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+pub struct LabelSelector {
+    pub labels: BTreeMap<String, String>,
+}
+
+/// One sandbox a job operation could not act on.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct JobOpFailure {
+    pub id: String,
+    pub error: ErrorDetail,
+}
+
+/// Answer of `POST /v1/jobs/{pause,resume,stop}`.
+#[derive(Debug, Clone, Serialize, Deserialize, Default)]
+pub struct JobOpResult {
+    /// Sandboxes whose labels matched.
+    pub matched: u64,
+    /// Sandboxes the operation succeeded on (already in the wanted state counts).
+    pub succeeded: u64,
+    pub failed: Vec<JobOpFailure>,
+    /// Ids of the matched sandboxes.
+    #[serde(default)]
+    pub sandboxes: Vec<String>,
+    /// Nodes that did not answer (their sandboxes are not counted).
+    #[serde(default)]
+    pub unreachable_nodes: Vec<String>,
+    pub duration_ms: f64,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -200,6 +294,71 @@ pub struct ExecRequest {
     pub stream: bool,
     #[serde(default)]
     pub step: Option<u64>,
+}
+
+/// One entry of a sandbox's trajectory log (`GET /v1/sandboxes/{id}/trajectory`, one per line).
+///
+/// Calls that carry a client `step` are fast-forwarded: repeating a completed step answers its
+/// recorded result (response header `x-dsec-replayed: true`) without running it again.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Default)]
+pub struct TrajectoryRecord {
+    /// Position in the sandbox's log, from 1, without gaps.
+    pub seq: u64,
+    /// The client's step id, when the call carried one.
+    #[serde(default)]
+    pub step: Option<u64>,
+    /// `create`, `shell`, `exec`, `write_file`, `read_file`, `list_files`, `stat`, `remove`,
+    /// `mkdir`, `close_session`, `stop`, `died`, and state changes such as `pause`, `resume`,
+    /// `network_rules`, `ttl`.
+    pub kind: String,
+    /// The request as the edge understood it (defaults applied).
+    #[serde(default)]
+    pub request: serde_json::Value,
+    /// What makes two calls "the same" for fast-forward: a step repeated with another key is
+    /// refused with `conflict`.
+    #[serde(default)]
+    pub key: serde_json::Value,
+    /// Unix time in milliseconds.
+    pub start_ms: f64,
+    pub end_ms: f64,
+    pub ok: bool,
+    #[serde(default)]
+    pub exit_code: Option<i32>,
+    /// The answer (e.g. a [`CommandResult`], a [`FileInfo`]); outputs above the edge's inline
+    /// limit are left empty here and kept by digest in `blobs`.
+    #[serde(default)]
+    pub result: serde_json::Value,
+    #[serde(default)]
+    pub error: Option<ErrorDetail>,
+    /// Output kept out of line: field name (`stdout`, `stderr`, `content`) → sha256 hex.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub blobs: BTreeMap<String, String>,
+    /// Files this call wrote (through the file API), with their content digests.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub files_written: Vec<FileDigest>,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Default)]
+pub struct FileDigest {
+    pub path: String,
+    pub sha256: String,
+    pub size: u64,
+}
+
+/// `GET /v1/sandboxes/{id}/trajectory/last_step`.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Default)]
+pub struct LastStep {
+    pub sandbox: String,
+    /// Highest step id whose call completed (`null` when none).
+    #[serde(default)]
+    pub last_completed_step: Option<u64>,
+    /// Step ids still running.
+    #[serde(default)]
+    pub running_steps: Vec<u64>,
+    /// Records in the log.
+    pub records: u64,
+    /// False when the sandbox was created with `trajectory: false`.
+    pub enabled: bool,
 }
 
 /// Result of a shell command or exec.
@@ -292,6 +451,15 @@ pub enum TtyControl {
 pub struct ImageLayerInfo {
     pub digest: String,
     pub size_bytes: u64,
+    /// Size of the layer's EROFS metadata image (kept on the node's local disk).
+    #[serde(default)]
+    pub meta_bytes: u64,
+    /// Size of the layer's data blob (kept in the blob store, read on demand).
+    #[serde(default)]
+    pub blob_bytes: u64,
+    /// Sandboxes on this node whose root uses this layer.
+    #[serde(default)]
+    pub users: u64,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -304,6 +472,47 @@ pub struct ImageInfo {
     /// Sandboxes on this node currently using the image.
     #[serde(default)]
     pub in_use: u64,
+    /// The image this one was derived from (`pack_diff`: parent layers + diff).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub parent: Option<String>,
+    /// Where the image came from (`dir`, `tar`, `docker-archive`, `oci`, `registry REF`,
+    /// `pack_diff SANDBOX`, `fold`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub source: Option<String>,
+}
+
+/// Body of `POST /v1/sandboxes/{id}/pack_diff`: turn the sandbox's writable layer into a new
+/// layer and register `name` = the sandbox's layers + that diff.
+#[derive(Debug, Clone, Serialize, Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+pub struct PackDiffRequest {
+    /// Name of the new image (`name` or `name:tag`).
+    pub name: String,
+    /// Paths (absolute, inside the sandbox) left out of the diff, with everything below them.
+    #[serde(default)]
+    pub exclude: Vec<String>,
+}
+
+/// Body of `POST /v1/images/{name}`: an operation on the image store.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(tag = "action", rename_all = "snake_case", deny_unknown_fields)]
+pub enum ImageActionRequest {
+    /// Merge consecutive layers of the image smaller than `max_layer_bytes` into one layer.
+    Fold {
+        #[serde(default)]
+        max_layer_bytes: Option<u64>,
+    },
+    /// Pull `reference` (`host[:port]/repo[:tag]`) from an OCI registry into the image `name`.
+    Pull {
+        reference: String,
+        /// Use plain HTTP instead of HTTPS.
+        #[serde(default)]
+        insecure: bool,
+        #[serde(default)]
+        username: Option<String>,
+        #[serde(default)]
+        password: Option<String>,
+    },
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -365,6 +574,7 @@ pub mod codes {
     pub const QUOTA_EXCEEDED: &str = "quota_exceeded"; // 429
     pub const NODE_FULL: &str = "node_full"; // 503
     pub const NODE_UNAVAILABLE: &str = "node_unavailable"; // 503
+    pub const SANDBOX_BUSY: &str = "sandbox_busy"; // 503 (at its process limit; retry)
     pub const SANDBOX_DEAD: &str = "sandbox_dead"; // 410
     pub const UNSUPPORTED: &str = "unsupported"; // 501
     pub const INTERNAL: &str = "internal"; // 500
@@ -382,7 +592,7 @@ pub fn status_for_code(code: &str) -> u16 {
         codes::PAYLOAD_TOO_LARGE => 413,
         codes::QUOTA_EXCEEDED => 429,
         codes::UNSUPPORTED => 501,
-        codes::NODE_FULL | codes::NODE_UNAVAILABLE => 503,
+        codes::NODE_FULL | codes::NODE_UNAVAILABLE | codes::SANDBOX_BUSY => 503,
         _ => 500,
     }
 }
@@ -398,4 +608,77 @@ pub mod limits {
     pub const MAX_MAX_OUTPUT: u64 = 64 * 1024 * 1024;
     /// Default command timeout in seconds.
     pub const DEFAULT_TIMEOUT_S: f64 = 60.0;
+}
+
+/// Network mode of a sandbox.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[serde(rename_all = "snake_case")]
+pub enum NetworkMode {
+    /// Loopback only.
+    #[default]
+    None,
+    /// Only what the rules and the enabled domain groups allow.
+    Allowlist,
+    /// Everything outside the node (the edge, other sandboxes and the host stay unreachable).
+    Open,
+}
+
+/// One allow rule: destination address or CIDR, optional port range, optional protocol.
+#[derive(Debug, Clone, Serialize, Deserialize, Default, PartialEq, Eq)]
+#[serde(deny_unknown_fields)]
+pub struct NetworkRule {
+    /// IPv4 or IPv6 address or CIDR: `192.0.2.7`, `10.0.0.0/8`, `fd00::/64`.
+    pub cidr: String,
+    /// `443` or `8000-8100`; absent means every port. Not allowed with `icmp`.
+    #[serde(default)]
+    pub ports: Option<String>,
+    /// `tcp`, `udp`, `icmp` or `any` (default).
+    #[serde(default)]
+    pub protocol: Option<String>,
+}
+
+/// Body part of a create (`network`) and of `PUT /v1/sandboxes/{id}/network`.
+#[derive(Debug, Clone, Serialize, Deserialize, Default, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct NetworkSpec {
+    /// Absent: `allowlist` if rules or enabled groups are given, else `none` (on PUT: unchanged).
+    #[serde(default)]
+    pub mode: Option<NetworkMode>,
+    #[serde(default)]
+    pub rules: Vec<NetworkRule>,
+    /// Domain groups (as `network_rules`); on PUT, absent keeps the current groups.
+    #[serde(default)]
+    pub groups: Option<BTreeMap<String, bool>>,
+}
+
+/// A name the DNS proxy answered for a sandbox, and the address it allowed.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct DnsGrant {
+    pub name: String,
+    pub address: String,
+    /// Seconds left before the address leaves the allow set.
+    pub expires_in_s: u64,
+}
+
+/// `GET /v1/sandboxes/{id}/network` (and the answer of `PUT`).
+#[derive(Debug, Clone, Serialize, Deserialize, Default, PartialEq)]
+pub struct NetworkStatus {
+    pub mode: NetworkMode,
+    pub rules: Vec<NetworkRule>,
+    pub groups: BTreeMap<String, bool>,
+    /// The sandbox's addresses (absent in mode `none`).
+    #[serde(default)]
+    pub ipv4: Option<String>,
+    #[serde(default)]
+    pub ipv6: Option<String>,
+    /// The resolver the sandbox uses (the edge's DNS proxy).
+    #[serde(default)]
+    pub resolver: Option<String>,
+    /// Packets the host dropped for this sandbox (connection attempts to non-allowed places).
+    pub denied_packets: u64,
+    /// DNS questions refused (name not allowed) and answered.
+    pub dns_refused: u64,
+    pub dns_answered: u64,
+    #[serde(default)]
+    pub dns_grants: Vec<DnsGrant>,
 }
