@@ -4,8 +4,8 @@ use std::collections::{BTreeMap, HashMap};
 use std::ffi::CString;
 use std::os::fd::{AsRawFd, OwnedFd};
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{mpsc, Arc, Mutex, MutexGuard};
 
 use dsec_wire::aether::{AetherErrorKind, Reply, Request};
 
@@ -21,6 +21,102 @@ pub const THREAD_STACK: usize = 256 * 1024;
 /// Locks a mutex, ignoring poisoning (a panicked request thread must not wedge the others).
 pub fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// Spare request threads started with the server.
+pub const SPARE_THREADS: usize = 2;
+/// What a request thread runs.
+pub type Job = Box<dyn FnOnce() + Send + 'static>;
+/// The answer when neither a new thread nor a spare can take a request.
+pub const BUSY_MESSAGE: &str = "the sandbox is at its process limit; kill processes or retry";
+
+/// Threads started at boot that take a request when no new thread can be started (EAGAIN:
+/// the pids limit is exhausted by a fork bomb). Each goes back to waiting after its job.
+pub struct Spares {
+    tx: Mutex<mpsc::Sender<Job>>,
+    idle: Arc<AtomicUsize>,
+}
+
+impl Spares {
+    /// Starts up to `n` spare threads (fewer if threads cannot be started).
+    pub fn start(n: usize) -> Self {
+        let (tx, rx) = mpsc::channel::<Job>();
+        let rx = Arc::new(Mutex::new(rx));
+        let idle = Arc::new(AtomicUsize::new(0));
+        for _ in 0..n {
+            let (rx, idle2) = (rx.clone(), idle.clone());
+            let started = std::thread::Builder::new()
+                .name("spare".into())
+                .stack_size(THREAD_STACK)
+                .spawn(move || loop {
+                    let job = lock(&rx).recv();
+                    let Ok(job) = job else { return };
+                    job();
+                    sys::trim_heap();
+                    idle2.fetch_add(1, Ordering::SeqCst);
+                });
+            if started.is_ok() {
+                idle.fetch_add(1, Ordering::SeqCst);
+            }
+        }
+        Spares {
+            tx: Mutex::new(tx),
+            idle,
+        }
+    }
+
+    /// Hands `job` to an idle spare; gives it back when none is idle.
+    pub fn run(&self, job: Job) -> Result<(), Job> {
+        let claimed = self
+            .idle
+            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1));
+        if claimed.is_err() {
+            return Err(job);
+        }
+        lock(&self.tx).send(job).map_err(|e| {
+            self.idle.fetch_add(1, Ordering::SeqCst);
+            e.0
+        })
+    }
+
+    pub fn idle(&self) -> usize {
+        self.idle.load(Ordering::SeqCst)
+    }
+}
+
+/// Runs `job` on a thread made by `spawn`, or on a spare when that fails. On failure returns
+/// the error of `spawn` (the job is dropped).
+pub fn start_job(
+    spares: &Spares,
+    job: Job,
+    spawn: impl FnOnce(Job) -> std::io::Result<()>,
+) -> Result<(), std::io::Error> {
+    // `spawn` consumes its closure even when it fails: keep the job in a slot we can take back.
+    let slot = Arc::new(Mutex::new(Some(job)));
+    let theirs = slot.clone();
+    let err = match spawn(Box::new(move || {
+        if let Some(job) = lock(&theirs).take() {
+            job();
+        }
+    })) {
+        Ok(()) => return Ok(()),
+        Err(e) => e,
+    };
+    let Some(job) = lock(&slot).take() else {
+        return Ok(());
+    };
+    match spares.run(job) {
+        Ok(()) => Ok(()),
+        Err(_) => Err(err),
+    }
+}
+
+/// Starts a request thread (small stack).
+fn spawn_thread(job: Job) -> std::io::Result<()> {
+    std::thread::Builder::new()
+        .stack_size(THREAD_STACK)
+        .spawn(job)
+        .map(drop)
 }
 
 /// Lets `Cancel{target}` interrupt a running request.
@@ -64,6 +160,8 @@ pub struct Server {
     pub cancels: Mutex<HashMap<u64, Arc<Cancel>>>,
     pub uploads: Mutex<HashMap<u64, files::Upload>>,
     pub ttys: Mutex<HashMap<u64, Arc<tty::Tty>>>,
+    /// Request threads of last resort.
+    pub spares: Spares,
 }
 
 impl Server {
@@ -75,6 +173,11 @@ impl Server {
         run_dir: PathBuf,
         pid1: bool,
     ) -> Self {
+        // Commands join the user cgroup the runtime passed (container mode only: in bare mode
+        // fd 5 belongs to whoever started us).
+        if pid1 && !sys::adopt_user_cgroup_fd() {
+            eprintln!("dsec-aether: no user cgroup on fd 5; commands stay in aether's cgroup");
+        }
         Server {
             w,
             reaper,
@@ -87,6 +190,31 @@ impl Server {
             cancels: Mutex::new(HashMap::new()),
             uploads: Mutex::new(HashMap::new()),
             ttys: Mutex::new(HashMap::new()),
+            spares: Spares::start(SPARE_THREADS),
+        }
+    }
+
+    /// Runs `job` on its own thread (or a spare one); answers `id` with an error if neither
+    /// can be had. Returns whether the job was started.
+    pub fn run_request(&self, id: u64, job: Job) -> bool {
+        match start_job(&self.spares, job, spawn_thread) {
+            Ok(()) => true,
+            Err(e) if e.raw_os_error() == Some(libc::EAGAIN) => {
+                self.w.error(
+                    id,
+                    AetherErrorKind::Busy,
+                    format!("{BUSY_MESSAGE} (start a thread for request {id}: {e})"),
+                );
+                false
+            }
+            Err(e) => {
+                self.w.error(
+                    id,
+                    AetherErrorKind::Internal,
+                    format!("start a thread for request {id}: {e}"),
+                );
+                false
+            }
         }
     }
 
@@ -269,16 +397,8 @@ impl Server {
                     return;
                 };
                 let srv = self.clone();
-                let spawned = std::thread::Builder::new()
-                    .stack_size(THREAD_STACK)
-                    .spawn(move || tty::open(&srv, id, slave, cmd, env));
-                if let Err(e) = spawned {
+                if !self.run_request(id, Box::new(move || tty::open(&srv, id, slave, cmd, env))) {
                     lock(&self.ttys).remove(&id);
-                    self.w.error(
-                        id,
-                        AetherErrorKind::Internal,
-                        format!("start a thread for request {id}: {e}"),
-                    );
                 }
             }
             Request::Shutdown => {
@@ -288,20 +408,13 @@ impl Server {
             }
             other => {
                 let srv = self.clone();
-                let spawned =
-                    std::thread::Builder::new()
-                        .stack_size(THREAD_STACK)
-                        .spawn(move || {
-                            srv.handle_slow(id, other, body);
-                            sys::trim_heap();
-                        });
-                if let Err(e) = spawned {
-                    self.w.error(
-                        id,
-                        AetherErrorKind::Internal,
-                        format!("start a thread for request {id}: {e}"),
-                    );
-                }
+                self.run_request(
+                    id,
+                    Box::new(move || {
+                        srv.handle_slow(id, other, body);
+                        sys::trim_heap();
+                    }),
+                );
             }
         }
     }
@@ -366,5 +479,73 @@ impl Server {
                     .error(id, AetherErrorKind::BadRequest, "unexpected request");
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::{Duration, Instant};
+
+    fn eagain() -> std::io::Error {
+        std::io::Error::from_raw_os_error(libc::EAGAIN)
+    }
+
+    fn wait_for(mut f: impl FnMut() -> bool) -> bool {
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while Instant::now() < deadline {
+            if f() {
+                return true;
+            }
+            std::thread::sleep(Duration::from_millis(2));
+        }
+        false
+    }
+
+    #[test]
+    fn jobs_run_on_new_threads_when_possible() {
+        let spares = Spares::start(1);
+        let (tx, rx) = mpsc::channel();
+        start_job(&spares, Box::new(move || tx.send(7).unwrap()), spawn_thread).unwrap();
+        assert_eq!(rx.recv_timeout(Duration::from_secs(5)).unwrap(), 7);
+        assert!(wait_for(|| spares.idle() == 1));
+    }
+
+    #[test]
+    fn spares_take_jobs_when_threads_cannot_start() {
+        let spares = Spares::start(2);
+        assert!(wait_for(|| spares.idle() == 2));
+        // Two long jobs occupy both spares (the spawner always fails with EAGAIN).
+        let (release_tx, release_rx) = mpsc::channel::<()>();
+        let release_rx = Arc::new(Mutex::new(release_rx));
+        let (ran_tx, ran_rx) = mpsc::channel();
+        for i in 0..2 {
+            let (r, t) = (release_rx.clone(), ran_tx.clone());
+            let job: Job = Box::new(move || {
+                t.send(i).unwrap();
+                let _ = lock(&r).recv();
+            });
+            start_job(&spares, job, |_| Err(eagain())).unwrap();
+        }
+        let mut got = vec![
+            ran_rx.recv_timeout(Duration::from_secs(5)).unwrap(),
+            ran_rx.recv_timeout(Duration::from_secs(5)).unwrap(),
+        ];
+        got.sort();
+        assert_eq!(got, vec![0, 1]);
+        assert_eq!(spares.idle(), 0);
+        // A third is refused with the spawner's error.
+        let err = start_job(&spares, Box::new(|| {}), |_| Err(eagain())).unwrap_err();
+        assert_eq!(err.raw_os_error(), Some(libc::EAGAIN));
+        // Released, the spares are idle again and take more work.
+        release_tx.send(()).unwrap();
+        release_tx.send(()).unwrap();
+        assert!(wait_for(|| spares.idle() == 2));
+        let (tx, rx) = mpsc::channel();
+        start_job(&spares, Box::new(move || tx.send(9).unwrap()), |_| {
+            Err(eagain())
+        })
+        .unwrap();
+        assert_eq!(rx.recv_timeout(Duration::from_secs(5)).unwrap(), 9);
     }
 }

@@ -4,6 +4,7 @@
 use std::ffi::CString;
 use std::io;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::sync::atomic::{AtomicI32, Ordering};
 
 use crate::reaper::Reaper;
 
@@ -194,6 +195,42 @@ pub fn set_child_subreaper() {
     unsafe { libc::prctl(libc::PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) };
 }
 
+/// The fd the runtime passes the user cgroup's `cgroup.procs` on (container mode).
+pub const USER_CGROUP_FD: RawFd = 5;
+
+/// The user cgroup's `cgroup.procs` fd once adopted, else -1. Every child [`spawn`] forks
+/// writes "0" to it, so that the sandbox's pids limit applies to the commands while aether (in
+/// the parent cgroup) keeps a reserve for its threads.
+static USER_CGROUP: AtomicI32 = AtomicI32::new(-1);
+
+/// Adopts [`USER_CGROUP_FD`] if it is a file on a cgroup file system (when the runtime passed
+/// none, fd 5 may be anything aether opened itself): marks it close-on-exec and makes [`spawn`]
+/// move every child into it. Returns whether it was adopted. Call once, in container mode,
+/// after setup and before any command starts.
+pub fn adopt_user_cgroup_fd() -> bool {
+    if !is_cgroup_file(USER_CGROUP_FD) {
+        return false;
+    }
+    // SAFETY: F_SETFD with an int flag on an fd we own for the life of the process.
+    unsafe { libc::fcntl(USER_CGROUP_FD, libc::F_SETFD, libc::FD_CLOEXEC) };
+    USER_CGROUP.store(USER_CGROUP_FD, Ordering::SeqCst);
+    true
+}
+
+/// True if `fd` is open on cgroupfs (v1 or v2).
+fn is_cgroup_file(fd: RawFd) -> bool {
+    const CGROUP_SUPER_MAGIC: i64 = 0x0027_e0eb;
+    const CGROUP2_SUPER_MAGIC: i64 = 0x6367_7270;
+    // SAFETY: fstatfs writes into a statfs buffer we own; a closed fd fails with EBADF.
+    let mut st: libc::statfs = unsafe { std::mem::zeroed() };
+    // SAFETY: see above; `st` is valid for writes.
+    if unsafe { libc::fstatfs(fd, &mut st) } != 0 {
+        return false;
+    }
+    let t = st.f_type as i64;
+    t == CGROUP_SUPER_MAGIC || t == CGROUP2_SUPER_MAGIC
+}
+
 /// Credentials a child switches to before exec.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Creds {
@@ -307,6 +344,7 @@ pub fn spawn(reaper: &Reaper, spec: &SpawnSpec) -> Result<i32, SpawnError> {
         stdio: spec.stdio,
         ctty: spec.ctty,
         err_fd: err_w.as_raw_fd(),
+        cgroup_fd: USER_CGROUP.load(Ordering::SeqCst),
     };
     let pid = reaper.spawn_registered(|| {
         // SAFETY: fork has no memory-safety preconditions; the child only runs `child_main`,
@@ -364,6 +402,8 @@ struct ChildArgs {
     stdio: [RawFd; 3],
     ctty: bool,
     err_fd: RawFd,
+    /// `cgroup.procs` of the user cgroup, or -1.
+    cgroup_fd: RawFd,
 }
 
 /// Runs in the forked child: only async-signal-safe calls, no allocation.
@@ -385,6 +425,12 @@ unsafe fn child_main(a: &ChildArgs) -> ! {
     };
     // SAFETY: all calls below are async-signal-safe and take pointers prepared by the parent.
     unsafe {
+        // First, before anything can fork: join the user cgroup ("0" is the writer itself).
+        // Best effort: failing to move must not stop the command (the limit still holds on
+        // the sandbox's cgroup).
+        if a.cgroup_fd >= 0 {
+            libc::write(a.cgroup_fd, b"0".as_ptr().cast(), 1);
+        }
         let mut set: libc::sigset_t = std::mem::zeroed();
         libc::sigemptyset(&mut set);
         libc::sigprocmask(libc::SIG_SETMASK, &set, std::ptr::null_mut());

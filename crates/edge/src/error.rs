@@ -41,6 +41,8 @@ pub enum EdgeError {
     #[error("{0}")]
     SandboxDead(String),
     #[error("{0}")]
+    SandboxBusy(String),
+    #[error("{0}")]
     Unsupported(String),
     #[error("{0}")]
     Internal(String),
@@ -70,6 +72,7 @@ impl EdgeError {
             EdgeError::NodeFull(_) => codes::NODE_FULL,
             EdgeError::Unavailable(_) => codes::NODE_UNAVAILABLE,
             EdgeError::SandboxDead(_) => codes::SANDBOX_DEAD,
+            EdgeError::SandboxBusy(_) => codes::SANDBOX_BUSY,
             EdgeError::Unsupported(_) => codes::UNSUPPORTED,
             EdgeError::Internal(_) => codes::INTERNAL,
         }
@@ -125,6 +128,7 @@ impl EdgeError {
             AetherErrorKind::Setup | AetherErrorKind::Internal => {
                 EdgeError::Internal(format!("sandbox agent: {}", e.message))
             }
+            AetherErrorKind::Busy => EdgeError::SandboxBusy(e.message),
         }
     }
 
@@ -252,6 +256,18 @@ mod tests {
             ChannelError::Closed,
         );
         assert_eq!(closed.code(), codes::SANDBOX_DEAD);
+    }
+
+    #[test]
+    fn busy_agent_is_retryable() {
+        let busy = AetherError {
+            kind: AetherErrorKind::Busy,
+            message: "the sandbox is at its process limit; kill processes or retry".into(),
+        };
+        let e = EdgeError::from_aether(Subject::File, busy);
+        assert_eq!(e.code(), codes::SANDBOX_BUSY);
+        assert_eq!(e.status().as_u16(), 503);
+        assert!(e.to_string().contains("process limit"));
     }
 
     #[test]

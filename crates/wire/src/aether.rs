@@ -64,6 +64,10 @@ pub struct ContainerSetup {
     /// Milliseconds aether waits for an edge to reconnect on its listener fd after the channel
     /// breaks; 0 means the sandbox ends as soon as the channel breaks.
     pub reattach_grace_ms: u64,
+    /// Paths inside the new root that stay read-only even to root (Landlock, enforced on aether
+    /// itself and so on every command).
+    #[serde(default)]
+    pub protected_paths: Vec<String>,
 }
 
 /// A request from the edge. Fields named `*_len` describe how the frame body is split.
@@ -193,6 +197,8 @@ pub enum AetherErrorKind {
     /// Setup of the sandbox failed.
     Setup,
     Internal,
+    /// aether could not take the request: the sandbox is at its process limit (retryable).
+    Busy,
 }
 
 /// Encodes one frame.

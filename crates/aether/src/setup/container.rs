@@ -27,8 +27,9 @@ fn fail(what: &str, e: impl std::fmt::Display) -> SetupError {
     SetupError(format!("{what}: {e}"))
 }
 
-/// The highest fd that survives setup: 3 is the edge channel, 4 an optional listener.
-pub const KEEP_FDS_UP_TO: RawFd = 4;
+/// The highest fd that survives setup: 3 is the edge channel, 4 an optional listener, 5 the
+/// user cgroup's `cgroup.procs` (optional, see `sys::USER_CGROUP_FD`).
+pub const KEEP_FDS_UP_TO: RawFd = 5;
 
 /// Checks the message before anything is mounted.
 pub fn validate(setup: &ContainerSetup) -> Result<(), SetupError> {
@@ -69,7 +70,7 @@ pub fn validate(setup: &ContainerSetup) -> Result<(), SetupError> {
 
 /// Builds the sandbox's root and restrictions. Called once, as PID 1, before serving.
 ///
-/// Closes every fd above [`KEEP_FDS_UP_TO`] (except duplicates of fds 3 and 4) and points 0–2
+/// Closes every fd above [`KEEP_FDS_UP_TO`] (except duplicates of fds 3 to 5) and points 0–2
 /// at /dev/null: open nothing else the server needs before calling it. Processes forked
 /// afterwards inherit `oom_score_adj` -1000 and must raise it back to 0 before exec
 /// (`/proc/self/oom_score_adj`), so that the OOM killer picks user processes, never aether.
@@ -101,7 +102,7 @@ pub fn apply(setup: &ContainerSetup) -> Result<(), SetupError> {
     Ok(())
 }
 
-/// Closes every fd above [`KEEP_FDS_UP_TO`] that is not a duplicate of fd 3 or 4 (aether's
+/// Closes every fd above [`KEEP_FDS_UP_TO`] that is not a duplicate of fds 3 to 5 (aether's
 /// writer may hold a dup of the channel), and reopens 0, 1, 2 on /dev/null (the edge's stdio
 /// must not leak into the sandbox).
 fn fd_hygiene() -> std::io::Result<()> {

@@ -4,6 +4,13 @@
 //!   `<root>/pids/...`, `<root>/freezer/...`).
 //! * [`v2`] — the unified hierarchy (`<root>/<parent>/<id>`).
 //!
+//! User processes live in a child cgroup `user` of the sandbox's (v1: in the pids hierarchy only;
+//! v2: `<id>/user`, with aether in `<id>/agent` because of the no-internal-processes rule). The
+//! pids limit applies to `user`; the sandbox's own cgroup allows [`AGENT_PIDS_RESERVE`] more, so
+//! that aether can still start threads and commands while a fork bomb fills `user`. aether moves
+//! every child it forks into `user` through the `cgroup.procs` fd it inherits
+//! ([`Cgroup::user_procs_file`]).
+//!
 //! The version is detected from the controller root: v2 iff `<root>/cgroup.controllers` exists
 //! (a hybrid host's empty v2 mount at `<root>/unified` is ignored). The root is a parameter so
 //! the parsing and path logic can be tested against fixture files in a temporary directory.
@@ -14,6 +21,14 @@ pub mod v2;
 use std::io;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
+
+/// Name of the user processes' child cgroup.
+pub const USER_DIR: &str = "user";
+/// Name of aether's child cgroup (v2 only).
+pub const AGENT_DIR: &str = "agent";
+/// Tasks the sandbox's cgroup allows beyond the user limit: aether's threads and the children
+/// it forks before they move into the user cgroup.
+pub const AGENT_PIDS_RESERVE: u64 = 32;
 
 /// The default controller root.
 pub const DEFAULT_ROOT: &str = "/sys/fs/cgroup";
@@ -169,11 +184,20 @@ impl Cgroup {
         }
     }
 
-    /// The `cgroup.procs` files a new process must write itself into (one per v1 hierarchy).
+    /// The `cgroup.procs` files aether must write itself into (one per v1 hierarchy).
     pub fn procs_files(&self) -> Vec<PathBuf> {
         match self {
             Cgroup::V1(c) => c.procs_files(),
             Cgroup::V2(c) => vec![c.procs_file()],
+        }
+    }
+
+    /// The `cgroup.procs` file of the user cgroup, which every command aether starts joins
+    /// (None on a v1 host without a pids hierarchy).
+    pub fn user_procs_file(&self) -> Option<PathBuf> {
+        match self {
+            Cgroup::V1(c) => c.user_procs_file(),
+            Cgroup::V2(c) => Some(c.user_procs_file()),
         }
     }
 
@@ -192,6 +216,7 @@ impl Cgroup {
         }
     }
 
+    /// Tasks counted against the pids limit (those of the user cgroup).
     pub fn pids_current(&self) -> Result<u64, CgroupError> {
         match self {
             Cgroup::V1(c) => c.pids_current(),
@@ -229,12 +254,13 @@ impl Cgroup {
         }
     }
 
-    /// Kills everything and removes the cgroup directories. Succeeds if they are already gone.
+    /// Kills everything and removes the cgroup directories (child cgroups first). Succeeds if
+    /// they are already gone.
     pub fn destroy(&self) -> Result<(), CgroupError> {
         self.kill_all()?;
         let dirs = match self {
-            Cgroup::V1(c) => c.dirs(),
-            Cgroup::V2(c) => vec![c.dir().to_path_buf()],
+            Cgroup::V1(c) => c.removal_order(),
+            Cgroup::V2(c) => c.removal_order(),
         };
         let mut first_err = None;
         for dir in dirs {

@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 
 use super::{
     kill_pids, read_file, read_keyed, read_pids, read_u64, write_file, CgroupError, Limits,
-    CPU_PERIOD_US,
+    AGENT_PIDS_RESERVE, CPU_PERIOD_US, USER_DIR,
 };
 
 /// Controllers a sandbox joins, in the order they are created.
@@ -53,6 +53,23 @@ impl CgroupV1 {
         self.dirs.iter().map(|(_, d)| d.clone()).collect()
     }
 
+    /// Every directory to remove, children (the user cgroup) before their parents.
+    pub fn removal_order(&self) -> Vec<PathBuf> {
+        let mut out: Vec<PathBuf> = self.user_dir().into_iter().collect();
+        out.extend(self.dirs());
+        out
+    }
+
+    /// `<pids>/<parent>/<id>/user`: the user processes' pids cgroup (aether stays in `<id>`).
+    fn user_dir(&self) -> Option<PathBuf> {
+        self.dir("pids").map(|d| d.join(USER_DIR))
+    }
+
+    /// The `cgroup.procs` of the user cgroup, if the pids hierarchy is mounted.
+    pub fn user_procs_file(&self) -> Option<PathBuf> {
+        self.user_dir().map(|d| d.join("cgroup.procs"))
+    }
+
     pub fn procs_files(&self) -> Vec<PathBuf> {
         self.dirs
             .iter()
@@ -82,8 +99,18 @@ impl CgroupV1 {
             }
         }
         if let Some(pids) = self.dir("pids") {
+            // User processes get their own pids cgroup below the sandbox's, so that a fork bomb
+            // exhausts its limit while aether keeps a reserve for its threads.
+            let user = pids.join(USER_DIR);
+            match std::fs::create_dir(&user) {
+                Ok(()) => {}
+                Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {}
+                Err(e) => return Err(CgroupError::io("create", &user, e)),
+            }
             if limits.pids > 0 {
-                write_file(&pids.join("pids.max"), &limits.pids.to_string())?;
+                let outer = limits.pids.saturating_add(AGENT_PIDS_RESERVE);
+                write_file(&pids.join("pids.max"), &outer.to_string())?;
+                write_file(&user.join("pids.max"), &limits.pids.to_string())?;
             }
         }
         Ok(())
@@ -103,17 +130,27 @@ impl CgroupV1 {
         }
     }
 
+    /// Tasks of the user cgroup (what the pids limit applies to); the whole sandbox's when
+    /// there is no user cgroup (created by an older version).
     pub fn pids_current(&self) -> Result<u64, CgroupError> {
         match self.dir("pids") {
-            Some(d) => read_u64(&d.join("pids.current")),
+            Some(d) => {
+                let user = d.join(USER_DIR).join("pids.current");
+                if user.exists() {
+                    read_u64(&user)
+                } else {
+                    read_u64(&d.join("pids.current"))
+                }
+            }
             None => Ok(self.procs()?.len() as u64),
         }
     }
 
-    /// Pids in any of the hierarchies (normally they all hold the same set).
+    /// Pids in any of the hierarchies (normally they all hold the same set), the user cgroup
+    /// included.
     pub fn procs(&self) -> Result<Vec<i32>, CgroupError> {
         let mut all = Vec::new();
-        for f in self.procs_files() {
+        for f in self.procs_files().into_iter().chain(self.user_procs_file()) {
             all.extend(read_pids(&f)?);
         }
         all.sort_unstable();
@@ -226,7 +263,15 @@ mod tests {
         );
         assert_eq!(rd("cpu/dsec/n0/sb-1/cpu.cfs_period_us"), "100000");
         assert_eq!(rd("cpu/dsec/n0/sb-1/cpu.cfs_quota_us"), "150000");
-        assert_eq!(rd("pids/dsec/n0/sb-1/pids.max"), "64");
+        // The limit is on the user cgroup; the sandbox's allows aether's reserve on top.
+        assert_eq!(rd("pids/dsec/n0/sb-1/pids.max"), "96");
+        assert_eq!(rd("pids/dsec/n0/sb-1/user/pids.max"), "64");
+        assert_eq!(
+            cg.user_procs_file(),
+            Some(d.path().join("pids/dsec/n0/sb-1/user/cgroup.procs"))
+        );
+        // Only the pids hierarchy is split.
+        assert!(!d.path().join("memory/dsec/n0/sb-1/user").exists());
         assert!(d.path().join("freezer/dsec/n0/sb-1").is_dir());
         assert_eq!(cg.procs_files().len(), 4);
         assert_eq!(cg.path(), d.path().join("memory/dsec/n0/sb-1"));
@@ -246,10 +291,14 @@ mod tests {
         std::fs::write(m.join("memory.usage_in_bytes"), "12345\n").unwrap();
         std::fs::write(d.path().join("pids/dsec/sb-2/pids.current"), "7\n").unwrap();
         std::fs::write(m.join("cgroup.procs"), "10\n11\n").unwrap();
-        std::fs::write(d.path().join("pids/dsec/sb-2/cgroup.procs"), "11\n12\n").unwrap();
+        std::fs::write(d.path().join("pids/dsec/sb-2/cgroup.procs"), "11\n").unwrap();
+        std::fs::write(d.path().join("pids/dsec/sb-2/user/cgroup.procs"), "12\n").unwrap();
         assert_eq!(cg.oom_kills().unwrap(), 4);
         assert_eq!(cg.memory_usage().unwrap(), 12345);
+        // No user pids.current (older layout): the sandbox's count.
         assert_eq!(cg.pids_current().unwrap(), 7);
+        std::fs::write(d.path().join("pids/dsec/sb-2/user/pids.current"), "5\n").unwrap();
+        assert_eq!(cg.pids_current().unwrap(), 5);
         assert_eq!(cg.procs().unwrap(), vec![10, 11, 12]);
         // No limits given: no limit files written.
         assert!(!m.join("memory.limit_in_bytes").exists());
@@ -277,5 +326,19 @@ mod tests {
             vec![d.path().join("memory/dsec/sb-3/cgroup.procs")]
         );
         assert!(!d.path().join("pids").exists());
+        assert_eq!(cg.user_procs_file(), None);
+    }
+
+    #[test]
+    fn removal_order_children_first() {
+        let d = fixture();
+        let root = CgroupRoot::detect_at(d.path());
+        let Cgroup::V1(cg) = Cgroup::open(&root, "dsec", "sb-4").unwrap() else {
+            panic!("v1 expected");
+        };
+        let order = cg.removal_order();
+        assert_eq!(order[0], d.path().join("pids/dsec/sb-4/user"));
+        assert_eq!(order.len(), 5);
+        assert!(order.contains(&d.path().join("pids/dsec/sb-4")));
     }
 }

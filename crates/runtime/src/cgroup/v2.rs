@@ -1,11 +1,15 @@
 //! cgroup v2: the unified hierarchy (`<root>/<parent>/<id>`).
+//!
+//! Processes may only live in leaves, so the sandbox's directory has two children: `agent`
+//! (aether) and `user` (every command). Memory and CPU limits are on `<id>`; pids.max on `user`
+//! is the limit, on `<id>` the limit plus [`AGENT_PIDS_RESERVE`].
 
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use super::{
     kill_pids, read_file, read_keyed, read_pids, read_u64, write_file, CgroupError, Limits,
-    CPU_PERIOD_US,
+    AGENT_DIR, AGENT_PIDS_RESERVE, CPU_PERIOD_US, USER_DIR,
 };
 
 /// Controllers enabled for the sandboxes' parents (those the host offers).
@@ -31,8 +35,23 @@ impl CgroupV2 {
         &self.dir
     }
 
+    /// The `cgroup.procs` aether joins (`<id>/agent`).
     pub fn procs_file(&self) -> PathBuf {
-        self.dir.join("cgroup.procs")
+        self.dir.join(AGENT_DIR).join("cgroup.procs")
+    }
+
+    /// The `cgroup.procs` every command joins (`<id>/user`).
+    pub fn user_procs_file(&self) -> PathBuf {
+        self.dir.join(USER_DIR).join("cgroup.procs")
+    }
+
+    /// Directories to remove, children first.
+    pub fn removal_order(&self) -> Vec<PathBuf> {
+        vec![
+            self.dir.join(USER_DIR),
+            self.dir.join(AGENT_DIR),
+            self.dir.clone(),
+        ]
     }
 
     /// Creates every missing ancestor, delegates the controllers down to the sandbox's
@@ -40,14 +59,15 @@ impl CgroupV2 {
     pub fn create(&self, limits: &Limits) -> Result<(), CgroupError> {
         let mut cur = self.root.clone();
         for comp in self.rel.components() {
-            enable_controllers(&cur);
+            enable_controllers(&cur, &CONTROLLERS);
             cur.push(comp);
-            match std::fs::create_dir(&cur) {
-                Ok(()) => {}
-                Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
-                Err(e) => return Err(CgroupError::io("create", &cur, e)),
-            }
+            mkdir(&cur)?;
         }
+        // Only pids is split between the children; memory and cpu stay on the sandbox's dir.
+        enable_controllers(&self.dir, &["pids"]);
+        let user = self.dir.join(USER_DIR);
+        mkdir(&self.dir.join(AGENT_DIR))?;
+        mkdir(&user)?;
         if limits.memory_bytes > 0 {
             write_file(
                 &self.dir.join("memory.max"),
@@ -65,7 +85,9 @@ impl CgroupV2 {
             )?;
         }
         if limits.pids > 0 {
-            write_file(&self.dir.join("pids.max"), &limits.pids.to_string())?;
+            let outer = limits.pids.saturating_add(AGENT_PIDS_RESERVE);
+            write_file(&self.dir.join("pids.max"), &outer.to_string())?;
+            write_file(&user.join("pids.max"), &limits.pids.to_string())?;
         }
         Ok(())
     }
@@ -78,12 +100,24 @@ impl CgroupV2 {
         read_u64(&self.dir.join("memory.current"))
     }
 
+    /// Tasks of the user cgroup (the whole sandbox's if there is none).
     pub fn pids_current(&self) -> Result<u64, CgroupError> {
-        read_u64(&self.dir.join("pids.current"))
+        let user = self.dir.join(USER_DIR).join("pids.current");
+        if user.exists() {
+            read_u64(&user)
+        } else {
+            read_u64(&self.dir.join("pids.current"))
+        }
     }
 
+    /// Every process of the sandbox: its own dir's and both children's.
     pub fn procs(&self) -> Result<Vec<i32>, CgroupError> {
-        read_pids(&self.procs_file())
+        let mut all = read_pids(&self.dir.join("cgroup.procs"))?;
+        all.extend(read_pids(&self.procs_file())?);
+        all.extend(read_pids(&self.user_procs_file())?);
+        all.sort_unstable();
+        all.dedup();
+        Ok(all)
     }
 
     pub fn freeze(&self) -> Result<(), CgroupError> {
@@ -134,14 +168,22 @@ impl CgroupV2 {
     }
 }
 
-/// Enables [`CONTROLLERS`] (those offered in `cgroup.controllers`) in `dir`'s subtree_control.
+fn mkdir(dir: &Path) -> Result<(), CgroupError> {
+    match std::fs::create_dir(dir) {
+        Ok(()) => Ok(()),
+        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => Ok(()),
+        Err(e) => Err(CgroupError::io("create", dir, e)),
+    }
+}
+
+/// Enables `controllers` (those offered in `cgroup.controllers`) in `dir`'s subtree_control.
 /// Best effort: a controller the host does not delegate is simply not limited.
-fn enable_controllers(dir: &Path) {
+fn enable_controllers(dir: &Path, controllers: &[&str]) {
     let Ok(offered) = std::fs::read_to_string(dir.join("cgroup.controllers")) else {
         return;
     };
     let enabled = std::fs::read_to_string(dir.join("cgroup.subtree_control")).unwrap_or_default();
-    for c in CONTROLLERS {
+    for &c in controllers {
         let on = |text: &str| text.split_whitespace().any(|w| w == c);
         if on(&offered) && !on(&enabled) {
             if let Err(e) = std::fs::write(dir.join("cgroup.subtree_control"), format!("+{c}")) {
@@ -186,8 +228,48 @@ mod tests {
         assert_eq!(rd("dsec/n0/sb-1/memory.max"), "1073741824");
         assert_eq!(rd("dsec/n0/sb-1/memory.swap.max"), "0");
         assert_eq!(rd("dsec/n0/sb-1/cpu.max"), "200000 100000");
-        assert_eq!(rd("dsec/n0/sb-1/pids.max"), "100");
-        assert_eq!(cg.procs_files(), vec![leaf.join("cgroup.procs")]);
+        // The pids limit is on the user cgroup; the sandbox's allows aether's reserve on top.
+        assert_eq!(rd("dsec/n0/sb-1/pids.max"), "132");
+        assert_eq!(rd("dsec/n0/sb-1/user/pids.max"), "100");
+        assert!(!leaf.join("agent/pids.max").exists());
+        assert!(!leaf.join("user/memory.max").exists());
+        // aether joins agent, commands join user.
+        assert_eq!(cg.procs_files(), vec![leaf.join("agent/cgroup.procs")]);
+        assert_eq!(cg.user_procs_file(), Some(leaf.join("user/cgroup.procs")));
+    }
+
+    #[test]
+    fn enables_pids_for_the_children() {
+        let d = tempfile::tempdir().unwrap();
+        std::fs::write(d.path().join("cgroup.controllers"), "cpu memory pids\n").unwrap();
+        let leaf = d.path().join("p/sb-4");
+        std::fs::create_dir_all(&leaf).unwrap();
+        // What the parent delegated to the sandbox's dir.
+        std::fs::write(leaf.join("cgroup.controllers"), "cpu memory pids\n").unwrap();
+        let root = CgroupRoot::detect_at(d.path());
+        Cgroup::create(&root, "p", "sb-4", &Limits::default()).unwrap();
+        // Only pids is delegated further down.
+        assert_eq!(
+            std::fs::read_to_string(leaf.join("cgroup.subtree_control")).unwrap(),
+            "+pids"
+        );
+        assert!(leaf.join("agent").is_dir() && leaf.join("user").is_dir());
+        // No limit: nothing written.
+        assert!(!leaf.join("user/pids.max").exists());
+    }
+
+    #[test]
+    fn removal_order_children_first() {
+        let cg = CgroupV2::new(Path::new("/cg"), Path::new("p/sb-5"));
+        let order: Vec<PathBuf> = cg.removal_order();
+        assert_eq!(
+            order,
+            vec![
+                PathBuf::from("/cg/p/sb-5/user"),
+                PathBuf::from("/cg/p/sb-5/agent"),
+                PathBuf::from("/cg/p/sb-5"),
+            ]
+        );
     }
 
     #[test]
@@ -204,11 +286,15 @@ mod tests {
         .unwrap();
         std::fs::write(leaf.join("memory.current"), "4096\n").unwrap();
         std::fs::write(leaf.join("pids.current"), "3\n").unwrap();
-        std::fs::write(leaf.join("cgroup.procs"), "5\n6\n").unwrap();
+        std::fs::write(leaf.join("agent/cgroup.procs"), "5\n").unwrap();
+        std::fs::write(leaf.join("user/cgroup.procs"), "6\n7\n").unwrap();
         assert_eq!(cg.oom_kills().unwrap(), 2);
         assert_eq!(cg.memory_usage().unwrap(), 4096);
+        // Without a user pids.current (older layout) the sandbox's count is reported.
         assert_eq!(cg.pids_current().unwrap(), 3);
-        assert_eq!(cg.procs().unwrap(), vec![5, 6]);
+        std::fs::write(leaf.join("user/pids.current"), "2\n").unwrap();
+        assert_eq!(cg.pids_current().unwrap(), 2);
+        assert_eq!(cg.procs().unwrap(), vec![5, 6, 7]);
         assert!(!leaf.join("memory.max").exists());
         // cgroup.kill present: kill_all writes it.
         std::fs::write(leaf.join("cgroup.kill"), "").unwrap();
