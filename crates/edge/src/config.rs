@@ -53,6 +53,23 @@ pub struct EdgeConfig {
     pub tombstones: usize,
     /// Labels reported in the node status (placement filters on them).
     pub labels: BTreeMap<String, String>,
+    /// Where layer data blobs live: `local` (`<data_dir>/edge/images/blobs`), `local:/dir`,
+    /// or `posix:/mounted/dir` (a distributed file system; blocks are read on demand).
+    pub image_blob_store: String,
+    /// How long a sandbox's agent waits for a restarted edge to reattach after the edge died
+    /// (milliseconds; 0: sandboxes die with the edge and are cleaned at the next start).
+    pub reattach_grace_ms: u64,
+    /// Give a paused sandbox's memory back to the host (page cache; anonymous memory where
+    /// swap exists).
+    pub reclaim_on_pause: bool,
+    /// How often the TTL reaper looks for idle and expired sandboxes (milliseconds).
+    pub ttl_check_ms: u64,
+    /// Sandbox networking (`[edge.network]`): subnets, domain groups, static DNS table.
+    pub network: crate::network::NetworkConfig,
+    /// Default size limit of a sandbox's writable layer in MiB (0: unlimited).
+    pub default_disk_limit_mb: u64,
+    /// Per-sandbox write and read bandwidth limit on the sandboxes' disk in MiB/s (0: none).
+    pub disk_bps_limit_mb: u64,
 }
 
 impl Default for EdgeConfig {
@@ -82,6 +99,13 @@ impl Default for EdgeConfig {
             max_upload_bytes: 10 * 1024 * 1024 * 1024,
             tombstones: 512,
             labels: BTreeMap::new(),
+            image_blob_store: "local".to_string(),
+            reattach_grace_ms: 60_000,
+            reclaim_on_pause: true,
+            ttl_check_ms: 500,
+            network: crate::network::NetworkConfig::default(),
+            default_disk_limit_mb: 0,
+            disk_bps_limit_mb: 0,
         }
     }
 }
@@ -112,6 +136,7 @@ pub fn is_valid_node_id(s: &str) -> bool {
 impl EdgeConfig {
     /// Checks every value; the error names the first bad key.
     pub fn validate(&self) -> Result<(), ConfigError> {
+        self.network.validate()?;
         if !is_valid_node_id(&self.node_id) {
             return Err(bad(
                 "node_id",
@@ -156,6 +181,9 @@ impl EdgeConfig {
                     format!("{c:?} must be a relative path of [A-Za-z0-9._-] parts"),
                 ));
             }
+        }
+        if let Err((key, message)) = self.trajectory.validate() {
+            return Err(bad(key, message));
         }
         if self.default_memory_mb < 8 {
             return Err(bad("default_memory_mb", "must be at least 8"));
@@ -212,6 +240,9 @@ impl EdgeConfig {
         }
         if self.max_upload_bytes == 0 {
             return Err(bad("max_upload_bytes", "must be positive"));
+        }
+        if !(50..=60_000).contains(&self.ttl_check_ms) {
+            return Err(bad("ttl_check_ms", "must be between 50 and 60000"));
         }
         if self.tombstones == 0 {
             return Err(bad("tombstones", "must be at least 1"));

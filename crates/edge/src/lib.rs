@@ -16,11 +16,13 @@
 //!
 //! # Restart after a crash
 //!
-//! Aether exits when its channel breaks, so when an edge dies every one of its sandboxes is
-//! already gone. At start the edge therefore reads every `<data>/edge/sandboxes/*/record.json`,
-//! kills the recorded aether if it is somehow still alive, lets the substrate reap leftover
-//! cgroups and processes, removes the directories and cleans stale layer mounts. Sandboxes are
-//! cleaned, not re-adopted; the pause issue adds re-adoption.
+//! Each sandbox's aether outlives a dead edge for `reattach_grace_ms` (default 60 s), keeping
+//! its sessions and processes, and listens on `<data>/edge/sandboxes/<id>/aether.sock`. At start
+//! the edge reads every `<data>/edge/sandboxes/*/record.json` and re-adopts each sandbox whose
+//! aether is still alive (see [`manager::Manager::recover`]): it reconnects, re-takes the image
+//! lease and restores the state from the record (a paused sandbox stays paused: the freezer
+//! state lives in the kernel). A sandbox that cannot be re-adopted is killed and cleaned, and
+//! reported in [`Edge::reaped`]; the substrate then reaps any cgroup no record accounts for.
 
 pub mod commands;
 pub mod config;
@@ -29,8 +31,12 @@ pub mod files;
 pub mod http;
 pub mod manager;
 pub mod metrics;
+pub mod network;
+pub mod pack;
 pub mod records;
 pub mod substrate;
+pub mod trajectory;
+pub mod ttl;
 pub mod tty;
 
 use std::path::{Path, PathBuf};
@@ -94,7 +100,8 @@ impl Edge {
             aether_path,
             cgroup_parent: config.cgroup_parent(),
             shm_mb: config.shm_mb,
-        });
+        })
+        .with_reattach_grace(config.reattach_grace_ms);
         Self::start_with_driver(config, Arc::new(ContainerDriver::new(substrate))).await
     }
 
@@ -119,12 +126,15 @@ impl Edge {
             Some(t) => t.clone(),
             None => load_or_make_token(&config.edge_dir().join("token"))?,
         };
-        let images = Arc::new(ImageStore::open(config.images_dir())?);
+        let images = Arc::new(ImageStore::open_with(config.images_dir(), &config.image_blob_store)?);
         let cfg = Arc::new(config);
         let metrics = Arc::new(Metrics::new(&cfg.node_id));
         let manager = Arc::new(Manager::new(cfg.clone(), driver, images.clone(), metrics));
-        let reaped = manager.recover().await;
+        // Stale host mounts first: re-adopted sandboxes re-take fresh leases (their own overlays
+        // keep private references to the layers they were built on).
         images.cleanup_stale_mounts()?;
+        let reaped = manager.recover().await;
+        ttl::spawn(&manager);
         images.ensure_busybox().await?;
         tracing::info!(node = %cfg.node_id, reaped = reaped.len(), "edge started");
         Ok(Edge {

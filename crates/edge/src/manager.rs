@@ -10,7 +10,7 @@
 
 use std::collections::{HashMap, VecDeque};
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Instant;
 
@@ -20,8 +20,9 @@ use dsec_runtime::aether_client::AetherClient;
 use dsec_runtime::substrate::SandboxSpec;
 use dsec_wire::aether::Request;
 use dsec_wire::api::{
-    CreateSandboxRequest, ExecRequest, FileInfo, FileList, ImageInfo, ImageList, NodeStatus,
-    RunShellRequest, SandboxInfo, SandboxList, SandboxState, Substrate,
+    CreateSandboxRequest, ErrorDetail, ExecRequest, FileInfo, FileList, ImageInfo, ImageList,
+    JobOpFailure, JobOpResult, LabelSelector, NodeStatus, RunShellRequest, SandboxInfo,
+    SandboxList, SandboxState, Substrate,
 };
 use dsec_wire::id::{is_valid_sandbox_id, make_sandbox_id};
 use futures::Stream;
@@ -39,6 +40,10 @@ use crate::substrate::{Driver, LiveSandbox};
 #[derive(Debug, Clone, PartialEq)]
 pub struct Validated {
     pub image: String,
+    /// Canonical workspace image name, if any.
+    pub workspace: Option<String>,
+    /// Canonical toolkit image names, bottom-most first.
+    pub toolkits: Vec<String>,
     pub memory_mb: u64,
     pub cpu: f64,
     pub pids: u64,
@@ -120,12 +125,21 @@ pub fn validate_create(
             req.substrate, cfg.node_id
         )));
     }
-    if req.workspace.is_some() || !req.toolkits.is_empty() {
-        return Err(EdgeError::Unsupported(
-            "workspace and toolkit layers are not supported yet: bake them into the image".into(),
+    let image = dsec_image::canonical_name(&req.image).map_err(EdgeError::from_image)?;
+    let workspace = match &req.workspace {
+        Some(w) => Some(dsec_image::canonical_name(w).map_err(EdgeError::from_image)?),
+        None => None,
+    };
+    if req.toolkits.len() > 16 {
+        return Err(EdgeError::BadRequest(
+            "at most 16 toolkits per sandbox".into(),
         ));
     }
-    let image = dsec_image::canonical_name(&req.image).map_err(EdgeError::from_image)?;
+    let toolkits = req
+        .toolkits
+        .iter()
+        .map(|t| dsec_image::canonical_name(t).map_err(EdgeError::from_image))
+        .collect::<Result<Vec<_>, _>>()?;
     let memory_mb = req.memory_limit_mb.unwrap_or(cfg.default_memory_mb);
     if memory_mb < 16 || memory_mb > cfg.max_memory_mb {
         return Err(EdgeError::BadRequest(format!(
@@ -184,6 +198,8 @@ pub fn validate_create(
     }
     Ok(Validated {
         image,
+        workspace,
+        toolkits,
         memory_mb,
         cpu,
         pids,
@@ -215,11 +231,78 @@ pub fn rfc3339(secs: u64) -> String {
 }
 
 fn now_rfc3339() -> String {
-    let secs = std::time::SystemTime::now()
+    rfc3339(now_ms() / 1000)
+}
+
+/// Milliseconds since the epoch.
+pub fn now_ms() -> u64 {
+    std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_secs())
-        .unwrap_or(0);
-    rfc3339(secs)
+        .map(|d| d.as_millis() as u64)
+        .unwrap_or(0)
+}
+
+/// A job operation on every sandbox matching a label selector.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum JobOp {
+    Pause,
+    Resume,
+    Stop,
+}
+
+impl JobOp {
+    pub fn parse(s: &str) -> Option<JobOp> {
+        match s {
+            "pause" => Some(JobOp::Pause),
+            "resume" => Some(JobOp::Resume),
+            "stop" => Some(JobOp::Stop),
+            _ => None,
+        }
+    }
+}
+
+/// True when `labels` has every key/value of `selector` (an empty selector matches nothing).
+pub fn labels_match(
+    labels: &std::collections::BTreeMap<String, String>,
+    selector: &std::collections::BTreeMap<String, String>,
+) -> bool {
+    !selector.is_empty() && selector.iter().all(|(k, v)| labels.get(k) == Some(v))
+}
+
+/// What the TTL reaper sees of one sandbox.
+pub(crate) struct TtlView {
+    pub id: String,
+    pub state: SandboxState,
+    pub created_ms: u64,
+    pub last_request_ms: u64,
+    pub busy: bool,
+    pub ttl_running_stop: Option<u64>,
+    pub ttl_total: Option<u64>,
+    pub ttl_action: dsec_wire::api::TtlAction,
+}
+
+/// Marks a sandbox busy (the idle clock does not run) while alive.
+struct Busy(Arc<Entry>);
+
+impl Busy {
+    fn new(e: Arc<Entry>) -> Self {
+        e.inflight.fetch_add(1, Ordering::SeqCst);
+        Busy(e)
+    }
+}
+
+impl Drop for Busy {
+    fn drop(&mut self) {
+        self.0.last_request_ms.store(now_ms(), Ordering::SeqCst);
+        self.0.inflight.fetch_sub(1, Ordering::SeqCst);
+    }
+}
+
+impl std::ops::Deref for Busy {
+    type Target = Arc<Entry>;
+    fn deref(&self) -> &Arc<Entry> {
+        &self.0
+    }
 }
 
 /// How a sandbox ended.
@@ -240,11 +323,39 @@ struct Entry {
     memory_mb: u64,
     cpu: f64,
     ended: OnceCell<SandboxInfo>,
+    /// Environment of the create request (persisted in the record).
+    env: std::collections::BTreeMap<String, String>,
+    created_ms: u64,
+    /// The idle clock: when the last request touched the sandbox (epoch ms).
+    last_request_ms: AtomicU64,
+    /// Requests running right now (the idle TTL waits for them).
+    inflight: AtomicU64,
+    /// Serialises pause and resume.
+    op: tokio::sync::Mutex<()>,
 }
 
 impl Entry {
     fn info(&self) -> SandboxInfo {
-        lock(&self.info).clone()
+        let mut i = lock(&self.info).clone();
+        i.last_request_at = Some(rfc3339(self.last_request_ms.load(Ordering::SeqCst) / 1000));
+        i
+    }
+
+    fn record(&self) -> SandboxRecord {
+        SandboxRecord {
+            info: self.info(),
+            pid: self.sandbox.pid(),
+            image: lock(&self.info).image.clone(),
+            env: self.env.clone(),
+            created_ms: self.created_ms,
+            last_request_ms: self.last_request_ms.load(Ordering::SeqCst),
+        }
+    }
+
+    fn persist(&self) {
+        if let Err(e) = records::write(&self.dir, &self.record()) {
+            tracing::error!(sandbox = %self.id, error = %e, "persist sandbox record");
+        }
     }
 }
 
@@ -308,13 +419,15 @@ impl Manager {
         }
     }
 
-    /// Removes everything an earlier, crashed run of the edge left behind.
+    /// Takes over what an earlier, crashed run of the edge left behind.
     ///
-    /// Sandboxes are cleaned, not re-adopted: aether exits when its channel breaks, so every
-    /// sandbox of a dead edge is already gone (the pause issue adds re-adoption). For each
-    /// record: kill its aether if it is somehow still alive, then the substrate reaps leftover
-    /// cgroups and processes, and the directory is removed. Returns the ids reaped.
-    pub async fn recover(&self) -> Vec<String> {
+    /// For each record: if its aether is still alive (the pid is verified through a pidfd and
+    /// its cgroup), the substrate reconnects to it ([`Driver::adopt`]) and the sandbox is live
+    /// again with its sessions, its image lease and its recorded state (paused stays paused).
+    /// Otherwise it is killed, its directory removed and a tombstone (state `failed`, with the
+    /// reason) left so `GET` tells what happened. The substrate then reaps every cgroup no
+    /// adopted sandbox owns. Returns the ids cleaned up (not the adopted ones).
+    pub async fn recover(self: &Arc<Self>) -> Vec<String> {
         let dir = self.cfg.sandboxes_dir();
         let found = match records::scan(&dir) {
             Ok(f) => f,
@@ -324,39 +437,136 @@ impl Manager {
             }
         };
         let mut reaped = Vec::new();
-        for f in &found {
-            match &f.record {
-                Ok(rec) => {
-                    if rec.pid > 1 && records::pid_belongs_to(rec.pid, &f.id) {
-                        let gone =
-                            records::kill_and_wait(rec.pid, std::time::Duration::from_secs(5))
-                                .await;
-                        tracing::warn!(sandbox = %f.id, pid = rec.pid, gone, "killed a leftover sandbox agent");
+        let mut adopted = Vec::new();
+        for f in found {
+            let why = match &f.record {
+                Ok(rec) if rec.pid > 1 && rec.info.state != SandboxState::Creating => {
+                    match self.readopt(&f.id, &f.dir, rec).await {
+                        Ok(()) => {
+                            adopted.push(f.id.clone());
+                            continue;
+                        }
+                        Err(e) => e,
                     }
-                    tracing::warn!(sandbox = %f.id, image = %rec.image, state = ?rec.info.state,
-                        "reaping sandbox of an earlier edge run (not re-adopted)");
                 }
-                Err(e) => {
-                    tracing::warn!(sandbox = %f.id, error = %e, "reaping sandbox dir without a readable record")
+                Ok(rec) => format!("record in state {:?} without a running agent", rec.info.state),
+                Err(e) => format!("unreadable record: {e}"),
+            };
+            if let Ok(rec) = &f.record {
+                if rec.pid > 1 && records::pid_belongs_to(rec.pid, &f.id) {
+                    // v1 freezer: a frozen task ignores SIGKILL until thawed.
+                    if let Ok(cg) = dsec_runtime::cgroup::Cgroup::open(
+                        &dsec_runtime::cgroup::CgroupRoot::detect(),
+                        &self.cfg.cgroup_parent(),
+                        &f.id,
+                    ) {
+                        let _ = cg.thaw();
+                    }
+                    let gone =
+                        records::kill_and_wait(rec.pid, std::time::Duration::from_secs(5)).await;
+                    tracing::warn!(sandbox = %f.id, pid = rec.pid, gone, "killed a sandbox agent that could not be re-adopted");
                 }
             }
-        }
-        let by_substrate = self.driver.reap_orphans(Vec::new()).await;
-        for id in &by_substrate {
-            tracing::warn!(sandbox = %id, "substrate reaped leftovers");
-        }
-        for f in found {
+            tracing::warn!(sandbox = %f.id, reason = %why, "sandbox of an earlier edge run not re-adopted: cleaning it up");
             if let Err(e) = remove_dir(&f.dir) {
                 tracing::error!(sandbox = %f.id, dir = %f.dir.display(), error = %e, "remove leftover sandbox dir");
             }
+            let mut info = match &f.record {
+                Ok(rec) => rec.info.clone(),
+                Err(_) => SandboxInfo {
+                    id: f.id.clone(),
+                    node: self.cfg.node_id.clone(),
+                    ..Default::default()
+                },
+            };
+            info.state = SandboxState::Failed;
+            info.reason = Some(format!(
+                "lost in a restart of the edge and cleaned up: {why}"
+            ));
+            self.tombstone(&mut lock(&self.state), info);
+            self.metrics.sandboxes_failed.inc();
             reaped.push(f.id);
         }
+        let by_substrate = self.driver.reap_orphans(adopted.clone()).await;
         for id in by_substrate {
+            tracing::warn!(sandbox = %id, "substrate reaped leftovers");
             if !reaped.contains(&id) {
                 reaped.push(id);
             }
         }
+        tracing::info!(adopted = adopted.len(), cleaned = reaped.len(), "recovered sandboxes of an earlier edge run");
         reaped
+    }
+
+    /// Re-adopts one recorded sandbox; on error nothing was registered.
+    async fn readopt(self: &Arc<Self>, id: &str, dir: &Path, rec: &SandboxRecord) -> Result<(), String> {
+        if !is_valid_sandbox_id(id) || rec.info.id != id {
+            return Err(format!("record names sandbox {:?}", rec.info.id));
+        }
+        let lease = self
+            .images
+            .acquire(&rec.image)
+            .await
+            .map_err(|e| format!("re-take image lease on {}: {e}", rec.image))?;
+        let sandbox = self
+            .driver
+            .adopt(id.to_string(), dir.to_path_buf(), rec.pid)
+            .await
+            .map_err(|e| e.to_string())?;
+        let mut info = rec.info.clone();
+        let paused = sandbox.is_paused();
+        info.state = if paused {
+            SandboxState::Paused
+        } else {
+            SandboxState::Running
+        };
+        if !paused {
+            info.paused_at = None;
+        }
+        let aether = sandbox.aether().clone();
+        let now = now_ms();
+        let entry = Arc::new(Entry {
+            id: id.to_string(),
+            dir: dir.to_path_buf(),
+            memory_mb: info.memory_limit_mb,
+            cpu: info.cpu_cores_limit,
+            info: Mutex::new(info),
+            sandbox,
+            aether,
+            lease: Mutex::new(Some(lease)),
+            ended: OnceCell::new(),
+            env: rec.env.clone(),
+            created_ms: if rec.created_ms > 0 { rec.created_ms } else { now },
+            // The idle clock restarts: time the edge was down does not count as idle.
+            last_request_ms: AtomicU64::new(now),
+            inflight: AtomicU64::new(0),
+            op: tokio::sync::Mutex::new(()),
+        });
+        entry.persist();
+        {
+            let mut st = lock(&self.state);
+            st.count += 1;
+            st.memory_mb += entry.memory_mb;
+            st.cpu += entry.cpu;
+            st.live.insert(id.to_string(), entry.clone());
+        }
+        self.metrics.sandboxes_running.inc();
+        tracing::info!(sandbox = %id, paused, "re-adopted sandbox of an earlier edge run");
+        self.watch(entry);
+        Ok(())
+    }
+
+    /// Remembers an ended sandbox (bounded).
+    fn tombstone(&self, st: &mut State, info: SandboxInfo) {
+        let id = info.id.clone();
+        st.tombstones.insert(id.clone(), info);
+        st.tomb_order.push_back(id);
+        while st.tomb_order.len() > self.cfg.tombstones {
+            if let Some(old) = st.tomb_order.pop_front() {
+                st.tombstones.remove(&old);
+                st.idempotency.retain(|_, v| *v != old);
+            }
+        }
     }
 
     /// Creates a sandbox.
@@ -482,7 +692,7 @@ impl Manager {
     ) -> Result<Arc<Entry>, EdgeError> {
         let lease = self
             .images
-            .acquire(&v.image)
+            .acquire_composed(&v.image, v.workspace.as_deref(), &v.toolkits)
             .await
             .map_err(EdgeError::from_image)?;
         let dir = self.cfg.sandboxes_dir().join(id);
@@ -505,12 +715,17 @@ impl Manager {
             created_at: now_rfc3339(),
             create_ms: None,
             reason: None,
+            ttl_action: req.ttl_action.unwrap_or_default(),
+            ..Default::default()
         };
+        let created_ms = now_ms();
         let mut record = SandboxRecord {
             info: info.clone(),
             pid: 0,
             image: info.image.clone(),
             env: req.env.clone(),
+            created_ms,
+            last_request_ms: created_ms,
         };
         let prepared = std::fs::create_dir_all(&dir)
             .map_err(|e| EdgeError::internal(&format!("create {}", dir.display()), &e))
@@ -530,7 +745,7 @@ impl Manager {
             cpu_cores_limit: v.cpu,
             pids_limit: v.pids,
             user: v.user.clone(),
-            env: req.env.clone(),
+            env: req.env.clone(), netns: None, protected_paths: Vec::new(), // I6TEMP
         };
         let sandbox = match self.driver.create(spec).await {
             Ok(s) => s,
@@ -571,6 +786,11 @@ impl Manager {
             memory_mb: v.memory_mb,
             cpu: v.cpu,
             ended: OnceCell::new(),
+            env: req.env.clone(),
+            created_ms,
+            last_request_ms: AtomicU64::new(now_ms()),
+            inflight: AtomicU64::new(0),
+            op: tokio::sync::Mutex::new(()),
         }))
     }
 
@@ -613,6 +833,7 @@ impl Manager {
             End::Stopped(reason) => {
                 info.state = SandboxState::Stopped;
                 info.reason = Some(reason.clone());
+                info.paused_at = None;
                 self.metrics.sandboxes_stopped.inc();
             }
             End::Died => {
@@ -644,14 +865,7 @@ impl Manager {
             st.count = st.count.saturating_sub(1);
             st.memory_mb = st.memory_mb.saturating_sub(entry.memory_mb);
             st.cpu = (st.cpu - entry.cpu).max(0.0);
-            st.tombstones.insert(entry.id.clone(), info.clone());
-            st.tomb_order.push_back(entry.id.clone());
-            while st.tomb_order.len() > self.cfg.tombstones {
-                if let Some(old) = st.tomb_order.pop_front() {
-                    st.tombstones.remove(&old);
-                    st.idempotency.retain(|_, v| *v != old);
-                }
-            }
+            self.tombstone(&mut st, info.clone());
         }
         self.metrics.sandboxes_running.dec();
         tracing::info!(sandbox = %entry.id, state = ?info.state, "sandbox ended");
@@ -679,13 +893,203 @@ impl Manager {
         }
     }
 
-    /// A running sandbox, for calls that need its agent.
+    /// A running sandbox (not paused), without touching the idle clock.
     fn running(&self, id: &str) -> Result<Arc<Entry>, EdgeError> {
         let e = self.entry(id)?;
+        if e.ended.initialized() || lock(&e.info).state != SandboxState::Running {
+            return Err(EdgeError::SandboxDead(format!(
+                "sandbox {id} is not running (resume it first if it is paused)"
+            )));
+        }
+        Ok(e)
+    }
+
+    /// A running sandbox, for calls that need its agent: resets the idle clock and resumes a
+    /// paused sandbox first (transparent resume). The sandbox counts as busy (the idle TTL
+    /// waits) while the returned guard lives.
+    async fn touch(&self, id: &str) -> Result<Busy, EdgeError> {
+        let e = Busy::new(self.entry(id)?);
+        e.last_request_ms.store(now_ms(), Ordering::SeqCst);
+        let state = lock(&e.info).state;
+        if state == SandboxState::Paused {
+            self.resume_entry(&e).await?;
+        }
         if e.ended.initialized() || lock(&e.info).state != SandboxState::Running {
             return Err(EdgeError::SandboxDead(format!("sandbox {id} is stopping")));
         }
         Ok(e)
+    }
+
+    /// Pauses a sandbox: its processes stop and its memory goes back to the host; state is
+    /// kept. Pausing a paused sandbox answers its info again.
+    pub async fn pause(&self, id: &str) -> Result<SandboxInfo, EdgeError> {
+        let e = self.entry(id)?;
+        self.pause_entry(&e).await?;
+        Ok(e.info())
+    }
+
+    /// Resumes a paused sandbox (a running one answers its info again).
+    pub async fn resume(&self, id: &str) -> Result<SandboxInfo, EdgeError> {
+        let e = self.entry(id)?;
+        e.last_request_ms.store(now_ms(), Ordering::SeqCst);
+        self.resume_entry(&e).await?;
+        Ok(e.info())
+    }
+
+    async fn pause_entry(&self, e: &Arc<Entry>) -> Result<(), EdgeError> {
+        let _op = e.op.lock().await;
+        match lock(&e.info).state {
+            SandboxState::Paused => return Ok(()),
+            SandboxState::Running if !e.ended.initialized() => {}
+            s => {
+                return Err(EdgeError::Conflict(format!(
+                    "sandbox {} is {s:?}, only a running sandbox can be paused",
+                    e.id
+                )))
+            }
+        }
+        let report = e
+            .sandbox
+            .pause(self.cfg.reclaim_on_pause)
+            .await
+            .map_err(|err| EdgeError::internal("pause", &err))?;
+        {
+            let mut i = lock(&e.info);
+            i.state = SandboxState::Paused;
+            i.paused_at = Some(now_rfc3339());
+            i.last_pause = Some(report.clone());
+        }
+        e.persist();
+        self.metrics.sandboxes_running.dec();
+        tracing::info!(sandbox = %e.id, before = report.memory_before_bytes, after = report.memory_after_bytes, ms = report.pause_ms, "sandbox paused");
+        Ok(())
+    }
+
+    async fn resume_entry(&self, e: &Arc<Entry>) -> Result<(), EdgeError> {
+        let _op = e.op.lock().await;
+        match lock(&e.info).state {
+            SandboxState::Running => return Ok(()),
+            SandboxState::Paused if !e.ended.initialized() => {}
+            s => {
+                return Err(EdgeError::SandboxDead(format!(
+                    "sandbox {} is {s:?} and cannot be resumed",
+                    e.id
+                )))
+            }
+        }
+        e.sandbox
+            .resume()
+            .await
+            .map_err(|err| EdgeError::internal("resume", &err))?;
+        {
+            let mut i = lock(&e.info);
+            i.state = SandboxState::Running;
+            i.paused_at = None;
+        }
+        e.persist();
+        self.metrics.sandboxes_running.inc();
+        tracing::info!(sandbox = %e.id, "sandbox resumed");
+        Ok(())
+    }
+
+    /// Pauses, resumes or stops every sandbox whose labels match the selector.
+    pub async fn job_op(&self, op: JobOp, sel: &LabelSelector) -> Result<JobOpResult, EdgeError> {
+        if sel.labels.is_empty() {
+            return Err(EdgeError::BadRequest(
+                "labels must name at least one label (an empty selector would match every sandbox)"
+                    .into(),
+            ));
+        }
+        let started = Instant::now();
+        let matched: Vec<Arc<Entry>> = lock(&self.state)
+            .live
+            .values()
+            .filter(|e| labels_match(&lock(&e.info).labels, &sel.labels))
+            .cloned()
+            .collect();
+        let mut out = JobOpResult {
+            matched: matched.len() as u64,
+            sandboxes: matched.iter().map(|e| e.id.clone()).collect(),
+            ..Default::default()
+        };
+        use futures::StreamExt as _;
+        let results: Vec<(String, Result<(), EdgeError>)> =
+            futures::stream::iter(matched.into_iter().map(|e| async move {
+                let r = match op {
+                    JobOp::Pause => self.pause_entry(&e).await,
+                    JobOp::Resume => {
+                        e.last_request_ms.store(now_ms(), Ordering::SeqCst);
+                        self.resume_entry(&e).await
+                    }
+                    JobOp::Stop => {
+                        self.finish(&e, End::Stopped("stopped by a job operation".into()))
+                            .await;
+                        Ok(())
+                    }
+                };
+                (e.id.clone(), r)
+            }))
+            .buffer_unordered(64)
+            .collect()
+            .await;
+        for (id, r) in results {
+            match r {
+                Ok(()) => out.succeeded += 1,
+                Err(err) => out.failed.push(JobOpFailure {
+                    id,
+                    error: ErrorDetail {
+                        code: err.code().to_string(),
+                        message: err.to_string(),
+                    },
+                }),
+            }
+        }
+        out.sandboxes.sort();
+        out.duration_ms = started.elapsed().as_secs_f64() * 1000.0;
+        Ok(out)
+    }
+
+    /// What the TTL reaper needs to know about every live sandbox.
+    pub(crate) fn ttl_views(&self) -> Vec<TtlView> {
+        let entries: Vec<Arc<Entry>> = lock(&self.state).live.values().cloned().collect();
+        entries
+            .iter()
+            .filter(|e| !e.ended.initialized())
+            .map(|e| {
+                let i = lock(&e.info);
+                TtlView {
+                    id: e.id.clone(),
+                    state: i.state,
+                    created_ms: e.created_ms,
+                    last_request_ms: e.last_request_ms.load(Ordering::SeqCst),
+                    busy: e.inflight.load(Ordering::SeqCst) > 0,
+                    ttl_running_stop: i.ttl_running_stop,
+                    ttl_total: i.ttl_total,
+                    ttl_action: i.ttl_action,
+                }
+            })
+            .collect()
+    }
+
+    /// Stops a sandbox for a reason (TTL reaper).
+    pub(crate) async fn stop_because(&self, id: &str, reason: String) {
+        if let Ok(e) = self.entry(id) {
+            self.finish(&e, End::Stopped(reason)).await;
+        }
+    }
+
+    /// Pauses a sandbox unless a request touched it since `idle_since_ms` (TTL reaper).
+    pub(crate) async fn pause_idle(&self, id: &str, seen_last_request_ms: u64) {
+        if let Ok(e) = self.entry(id) {
+            if e.last_request_ms.load(Ordering::SeqCst) != seen_last_request_ms
+                || e.inflight.load(Ordering::SeqCst) > 0
+            {
+                return;
+            }
+            if let Err(err) = self.pause_entry(&e).await {
+                tracing::warn!(sandbox = %id, error = %err, "idle TTL pause failed");
+            }
+        }
     }
 
     pub fn get(&self, id: &str) -> Result<SandboxInfo, EdgeError> {
@@ -721,14 +1125,14 @@ impl Manager {
     }
 
     pub async fn shell(&self, id: &str, req: RunShellRequest) -> Result<CommandReply, EdgeError> {
-        let e = self.running(id)?;
+        let e = self.touch(id).await?;
         let (r, stdin) = commands::shell_request(&req, self.cmd_defaults())?;
         self.metrics.commands.with_label_values(&["shell"]).inc();
         self.run_command(e, r, stdin, req.stream).await
     }
 
     pub async fn exec(&self, id: &str, req: ExecRequest) -> Result<CommandReply, EdgeError> {
-        let e = self.running(id)?;
+        let e = self.touch(id).await?;
         let (r, stdin) = commands::exec_request(&req, self.cmd_defaults())?;
         self.metrics.commands.with_label_values(&["exec"]).inc();
         self.run_command(e, r, stdin, req.stream).await
@@ -736,11 +1140,12 @@ impl Manager {
 
     async fn run_command(
         &self,
-        e: Arc<Entry>,
+        busy: Busy,
         r: Request,
         stdin: Bytes,
         stream: bool,
     ) -> Result<CommandReply, EdgeError> {
+        let e = busy.0.clone();
         let oom_before = e.sandbox.usage().oom_kills;
         let chan = |err| EdgeError::from_channel(&e.id, Subject::Other, err);
         let timeout_ms = commands::request_timeout_ms(&r);
@@ -749,7 +1154,12 @@ impl Manager {
             let probe_entry = e.clone();
             let probe: commands::OomProbe = Arc::new(move || probe_entry.sandbox.usage().oom_kills);
             let s = commands::stream_call(e.aether.clone(), call, e.id.clone(), probe, oom_before);
-            return Ok(CommandReply::Stream(s));
+            // The sandbox stays busy until the stream ends.
+            let s = futures::StreamExt::map(s, move |chunk| {
+                let _busy = &busy;
+                chunk
+            });
+            return Ok(CommandReply::Stream(Box::pin(s)));
         }
         let deadline = std::time::Duration::from_millis(timeout_ms) + commands::AGENT_GRACE;
         let out = commands::collect_call(e.aether.clone(), call, &e.id, deadline).await?;
@@ -758,7 +1168,7 @@ impl Manager {
     }
 
     pub async fn close_session(&self, id: &str, session: &str) -> Result<(), EdgeError> {
-        let e = self.running(id)?;
+        let e = self.touch(id).await?;
         if !commands::is_valid_session(session) {
             return Err(EdgeError::BadRequest(format!(
                 "session {session:?} must match [A-Za-z0-9._-]{{1,64}}"
@@ -787,7 +1197,7 @@ impl Manager {
     where
         S: Stream<Item = Result<Bytes, axum::Error>> + Send + Unpin + 'static,
     {
-        let e = self.running(id)?;
+        let e = self.touch(id).await?;
         files::upload(
             &e.aether,
             id,
@@ -801,17 +1211,17 @@ impl Manager {
     }
 
     pub async fn read_file(&self, id: &str, path: &str) -> Result<Download, EdgeError> {
-        let e = self.running(id)?;
+        let e = self.touch(id).await?;
         files::download(&e.aether, id, path).await
     }
 
     pub async fn stat_file(&self, id: &str, path: &str) -> Result<FileInfo, EdgeError> {
-        let e = self.running(id)?;
+        let e = self.touch(id).await?;
         files::stat(&e.aether, id, path).await
     }
 
     pub async fn list_dir(&self, id: &str, path: &str) -> Result<FileList, EdgeError> {
-        let e = self.running(id)?;
+        let e = self.touch(id).await?;
         files::list(&e.aether, id, path).await
     }
 
@@ -821,7 +1231,7 @@ impl Manager {
         path: &str,
         recursive: bool,
     ) -> Result<(), EdgeError> {
-        let e = self.running(id)?;
+        let e = self.touch(id).await?;
         files::remove(&e.aether, id, path, recursive).await
     }
 
@@ -832,13 +1242,18 @@ impl Manager {
         mode: u32,
         parents: bool,
     ) -> Result<FileInfo, EdgeError> {
-        let e = self.running(id)?;
+        let e = self.touch(id).await?;
         files::mkdir(&e.aether, id, path, mode, parents).await
     }
 
     /// Checks a TTY request and returns the channel to open it on (after the upgrade).
-    pub fn tty_channel(&self, id: &str, rows: u16, cols: u16) -> Result<AetherClient, EdgeError> {
-        let e = self.running(id)?;
+    pub async fn tty_channel(
+        &self,
+        id: &str,
+        rows: u16,
+        cols: u16,
+    ) -> Result<AetherClient, EdgeError> {
+        let e = self.touch(id).await?;
         crate::tty::check_size(rows, cols)?;
         Ok(e.aether.clone())
     }
@@ -854,6 +1269,34 @@ impl Manager {
             .map_err(EdgeError::from_image)
     }
 
+    /// `pack_diff`: the sandbox's writable layer becomes image `req.name` = its layers + diff.
+    pub async fn pack_diff(
+        &self,
+        id: &str,
+        req: dsec_wire::api::PackDiffRequest,
+    ) -> Result<ImageInfo, EdgeError> {
+        let entry = self.running(id)?;
+        let (parent_images, parent_digests) = lock(&entry.lease)
+            .as_ref()
+            .map(|l| (l.images().to_vec(), l.digests()))
+            .ok_or_else(|| EdgeError::Conflict(format!("sandbox {id} holds no image")))?;
+        crate::pack::pack_diff(
+            &self.images,
+            id,
+            &entry.dir,
+            entry.sandbox.as_ref(),
+            &parent_images,
+            &parent_digests,
+            &req,
+        )
+        .await
+    }
+
+    /// The node's image store.
+    pub fn image_store(&self) -> &Arc<ImageStore> {
+        &self.images
+    }
+
     pub fn list_images(&self) -> ImageList {
         ImageList {
             images: self.images.list(),
@@ -867,17 +1310,23 @@ impl Manager {
 
     /// The node's status as the watcher polls it.
     pub fn status(&self) -> NodeStatus {
-        let (running, memory_mb, cpu) = {
+        let (live, paused, memory_mb, cpu) = {
             let st = lock(&self.state);
-            (st.live.len() as u64, st.memory_mb, st.cpu)
+            let paused = st
+                .live
+                .values()
+                .filter(|e| lock(&e.info).state == SandboxState::Paused)
+                .count() as u64;
+            (st.live.len() as u64, paused, st.memory_mb, st.cpu)
         };
+        let running = live - paused;
         NodeStatus {
             node: self.cfg.node_id.clone(),
             url: self.cfg.url(),
             healthy: !self.shutting_down.load(Ordering::Relaxed),
             substrates: vec![self.driver.kind()],
             sandboxes_running: running,
-            sandboxes_paused: 0,
+            sandboxes_paused: paused,
             capacity_sandboxes: self.cfg.capacity,
             cpu_cores_total: self.cfg.cpu_total(),
             cpu_cores_allocated: cpu,
@@ -1073,6 +1522,8 @@ mod tests {
     fn limits(memory_mb: u64, cpu: f64) -> Validated {
         Validated {
             image: "busybox:latest".into(),
+            workspace: None,
+            toolkits: Vec::new(),
             memory_mb,
             cpu,
             pids: 64,

@@ -32,14 +32,16 @@ mod import;
 mod index;
 mod mount;
 mod name;
+mod oci;
 mod store;
 mod time;
 
 use std::path::PathBuf;
 
 pub use busybox::BUSYBOX_IMAGE;
-pub use import::ImportOptions;
+pub use import::{BuiltLayer, ImportOptions};
 pub use name::canonical as canonical_name;
+pub use oci::ArchiveFormat;
 pub use store::{ImageLease, ImageStore, DEFAULT_UNMOUNT_GRACE};
 
 #[derive(Debug, thiserror::Error)]

@@ -544,6 +544,102 @@ impl ImageStore {
             .map_err(|m| import_err(name, m))
     }
 
+    /// Imports an archive of `format`: a plain tar (one layer), a `docker save` archive or a
+    /// tar of an OCI image layout (one layer per image layer, bottom first, whiteouts
+    /// converted). Replaces any image of the same name.
+    pub async fn import_archive<R>(
+        &self,
+        name: &str,
+        mut reader: R,
+        format: crate::ArchiveFormat,
+    ) -> Result<ImageInfo, ImageError>
+    where
+        R: tokio::io::AsyncRead + Send + Unpin + 'static,
+    {
+        if format == crate::ArchiveFormat::Tar {
+            return self.import_tar(name, reader).await;
+        }
+        let name = name::canonical(name)?;
+        let work = TempPath::new(self.inner.tmp_path("archive"));
+        fs::create_dir(work.path())?;
+        let file = work.path().join("archive.tar");
+        {
+            let mut f = tokio::fs::File::create(&file).await?;
+            tokio::io::copy(&mut reader, &mut f).await?;
+        }
+        let outer = work.path().join("outer");
+        let (f2, o2, n2) = (file.clone(), outer.clone(), name.clone());
+        let layers = tokio::task::spawn_blocking(move || -> Result<Vec<PathBuf>, ImageError> {
+            fs::create_dir(&o2)?;
+            let f = fs::File::open(&f2)?;
+            crate::oci::unpack_outer(f, &o2).map_err(|m| import_err(&n2, m))?;
+            let _ = fs::remove_file(&f2);
+            crate::oci::layer_files(&o2, format).map_err(|m| import_err(&n2, m))
+        })
+        .await
+        .map_err(|e| std::io::Error::other(format!("unpack archive: {e}")))??;
+        let res = self
+            .import_layer_files(&name, work.path(), layers, format.as_str().to_string())
+            .await;
+        work.cleanup().await;
+        res
+    }
+
+    /// Imports an OCI image layout directory (as `skopeo copy ... oci:DIR` writes it).
+    pub async fn import_oci_dir(&self, name: &str, dir: &Path) -> Result<ImageInfo, ImageError> {
+        let name = name::canonical(name)?;
+        let (d, n) = (dir.to_path_buf(), name.clone());
+        let layers = tokio::task::spawn_blocking(move || {
+            crate::oci::layer_files(&d, crate::ArchiveFormat::Oci).map_err(|m| import_err(&n, m))
+        })
+        .await
+        .map_err(|e| std::io::Error::other(format!("read OCI layout: {e}")))??;
+        let work = TempPath::new(self.inner.tmp_path("oci"));
+        fs::create_dir(work.path())?;
+        let res = self
+            .import_layer_files(&name, work.path(), layers, "oci".into())
+            .await;
+        work.cleanup().await;
+        res
+    }
+
+    /// Unpacks each layer tar (bottom first) into its own directory, builds one EROFS layer
+    /// per tar, and registers them as `name`.
+    pub(crate) async fn import_layer_files(
+        &self,
+        name: &str,
+        work: &Path,
+        layers: Vec<PathBuf>,
+        source: String,
+    ) -> Result<ImageInfo, ImageError> {
+        if layers.is_empty() {
+            return Err(import_err(name, "the image has no layers".into()));
+        }
+        let mut built = Vec::with_capacity(layers.len());
+        for (i, tarfile) in layers.into_iter().enumerate() {
+            let root = work.join(format!("layer-{i}"));
+            let (r2, n2) = (root.clone(), name.to_string());
+            tokio::task::spawn_blocking(move || -> Result<(), ImageError> {
+                fs::create_dir(&r2)?;
+                let f = fs::File::open(&tarfile).map_err(|e| {
+                    import_err(&n2, format!("layer {}: {e}", tarfile.display()))
+                })?;
+                import::unpack_tar(f, &r2)
+                    .map_err(|m| import_err(&n2, format!("layer {}: {m}", i + 1)))
+            })
+            .await
+            .map_err(|e| std::io::Error::other(format!("unpack layer: {e}")))??;
+            let out = self.inner.tmp_path("layer").with_extension("erofs");
+            let b = import::build_layer(name, &root, out, &ImportOptions::default()).await?;
+            tracing::info!(image = name, layer = i + 1, digest = %b.digest, "layer built");
+            built.push(b);
+            let r3 = root.clone();
+            let _ = tokio::task::spawn_blocking(move || fs::remove_dir_all(r3)).await;
+        }
+        self.register(name, Vec::new(), built, None, Some(source))
+            .await
+    }
+
     /// Imports the directory `dir` as a single-layer image `name`, replacing any image of the
     /// same name.
     pub async fn import_dir(&self, name: &str, dir: &Path) -> Result<ImageInfo, ImageError> {
@@ -655,6 +751,50 @@ impl ImageStore {
             "image imported"
         );
         Ok(Inner::info_locked(&st, name, &rec))
+    }
+
+    /// Builds a layer from `dir` (e.g. a sandbox's overlay upper dir, whose whiteouts and
+    /// opaque-dir xattrs are already the layer format), leaving out `exclude` (paths relative
+    /// to `dir`). Register it with [`ImageStore::register_derived`].
+    pub async fn build_layer(
+        &self,
+        name: &str,
+        dir: &Path,
+        exclude: &[String],
+    ) -> Result<BuiltLayer, ImageError> {
+        let name = name::canonical(name)?;
+        let out = self.inner.tmp_path("layer").with_extension("erofs");
+        import::build_layer_excluding(&name, dir, out, &ImportOptions::default(), exclude).await
+    }
+
+    /// Registers `name` = the layers `parent_digests` (top-most first, as
+    /// [`ImageLease::digests`] gives them) + `diff` on top.
+    pub async fn register_derived(
+        &self,
+        name: &str,
+        parent_digests: &[String],
+        diff: BuiltLayer,
+        parent: Option<String>,
+        source: String,
+    ) -> Result<ImageInfo, ImageError> {
+        let name = name::canonical(name)?;
+        let base = {
+            let st = self.inner.lock();
+            parent_digests
+                .iter()
+                .rev()
+                .map(|d| {
+                    st.index.layer(d).cloned().ok_or_else(|| ImageError::Import {
+                        name: name.clone(),
+                        message: format!(
+                            "parent layer {d} is no longer registered (its image was replaced or removed)"
+                        ),
+                    })
+                })
+                .collect::<Result<Vec<_>, _>>()?
+        };
+        self.register(&name, base, vec![diff], parent, Some(source))
+            .await
     }
 
     /// The image `name` (`name` or `name:tag`).

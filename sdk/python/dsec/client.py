@@ -281,15 +281,22 @@ class DSecClient:
         doc = self._json(resp)
         return [ImageInfo.from_json(d) for d in doc.get("images", []) if isinstance(d, dict)]
 
-    async def import_image(self, name: str, tar: Union[PathLike, bytes], timeout: float = 3600.0) -> ImageInfo:
-        """Imports an image from a tar(.gz) file path or bytes."""
+    async def import_image(
+        self, name: str, tar: Union[PathLike, bytes], timeout: float = 3600.0, format: Optional[str] = None
+    ) -> ImageInfo:
+        """Imports an image from a tar(.gz) file path or bytes.
+
+        ``format``: ``tar`` (a root file system, default), ``docker-archive`` (``docker save``
+        output) or ``oci`` (a tar of an OCI image layout); multi-layer formats keep their layers.
+        """
         if isinstance(tar, (bytes, bytearray)):
             content: Any = bytes(tar)
         else:
             content = _file_chunks(os.fspath(tar))
+        query = f"?format={format}" if format else ""
         resp = await self._request(
             "PUT",
-            f"/v1/images/{_seg(name)}",
+            f"/v1/images/{_seg(name)}{query}",
             content=content,
             headers={"content-type": "application/x-tar"},
             timeout=httpx.Timeout(timeout, connect=10.0),
@@ -408,6 +415,18 @@ class Sandbox:
     async def stop(self) -> SandboxInfo:
         self.info = await self._client.stop_sandbox(self.id)
         return self.info
+
+    async def pack_diff(self, name: str, exclude: Optional[List[str]] = None, timeout: float = 3600.0) -> ImageInfo:
+        """Turns this sandbox's writable layer into a new layer and registers image ``name`` =
+        this sandbox's layers + the diff. ``exclude``: absolute paths left out (with everything
+        below them), e.g. the build user's home or caches. The sandbox is frozen briefly."""
+        resp = await self._client._request(
+            "POST",
+            self._path("/pack_diff"),
+            json_body={"name": name, "exclude": list(exclude or [])},
+            timeout=httpx.Timeout(timeout, connect=10.0),
+        )
+        return ImageInfo.from_json(self._client._json(resp))
 
     async def __aenter__(self) -> "Sandbox":
         return self

@@ -121,8 +121,8 @@ class DSecClient:
     def list_images(self) -> List[ImageInfo]:
         return self._run(self._aclient.list_images())
 
-    def import_image(self, name: str, tar: Any, timeout: float = 3600.0) -> ImageInfo:
-        return self._run(self._aclient.import_image(name, tar, timeout=timeout))
+    def import_image(self, name: str, tar: Any, timeout: float = 3600.0, format: Optional[str] = None) -> ImageInfo:
+        return self._run(self._aclient.import_image(name, tar, timeout=timeout, format=format))
 
     def remove_image(self, name: str) -> None:
         self._run(self._aclient.remove_image(name))
@@ -157,6 +157,9 @@ class Sandbox:
 
     def stop(self) -> SandboxInfo:
         return self._run(self._inner.stop())
+
+    def pack_diff(self, name: str, exclude: Optional[List[str]] = None, timeout: float = 3600.0) -> ImageInfo:
+        return self._run(self._inner.pack_diff(name, exclude=exclude, timeout=timeout))
 
     def __enter__(self) -> "Sandbox":
         return self

@@ -213,6 +213,8 @@ class ImageInfo:
     size_bytes: int = 0
     created_at: str = ""
     in_use: int = 0
+    parent: Optional[str] = None
+    source: Optional[str] = None
 
     @classmethod
     def from_json(cls, doc: Dict[str, Any]) -> "ImageInfo":

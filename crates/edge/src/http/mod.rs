@@ -6,6 +6,8 @@
 mod extract;
 mod files;
 mod images;
+mod pack;
+mod pause;
 mod sandboxes;
 mod status;
 mod tty;
@@ -59,6 +61,10 @@ pub fn router(mgr: Arc<Manager>, token: &str) -> Router {
         .route(&format!("{sb}/files/stat"), get(files::stat))
         .route(&format!("{sb}/files/mkdir"), post(files::mkdir))
         .route(&format!("{sb}/tty"), get(tty::open))
+        .route(&format!("{sb}/pause"), post(pause::pause))
+        .route(&format!("{sb}/resume"), post(pause::resume))
+        .route("/edge/v1/jobs/{op}", post(pause::job))
+        .route(&format!("{sb}/pack_diff"), post(pack::pack_diff))
         .route("/edge/v1/images", get(images::list))
         .route(
             "/edge/v1/images/{*name}",
