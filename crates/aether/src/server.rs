@@ -79,6 +79,7 @@ impl Spares {
         })
     }
 
+    #[cfg(test)]
     pub fn idle(&self) -> usize {
         self.idle.load(Ordering::SeqCst)
     }

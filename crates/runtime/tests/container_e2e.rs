@@ -153,6 +153,7 @@ impl Env {
             pids_limit: 64,
             user: "root".into(),
             env: BTreeMap::new(),
+            ..Default::default()
         }
     }
 
@@ -414,6 +415,106 @@ async fn fork_bomb_is_held_by_pids_limit() {
         "forks"
     );
     destroy(&env, &sb).await;
+}
+
+async fn exec(sb: &ContainerSandbox, argv: &[&str]) -> CommandOutput {
+    let req = Request::Exec {
+        argv: argv.iter().map(|a| a.to_string()).collect(),
+        timeout_ms: 30_000,
+        env: BTreeMap::new(),
+        cwd: None,
+        user: None,
+        max_output: 1 << 20,
+        stream: false,
+    };
+    match sb.aether().run(req, Bytes::new()).await {
+        Ok(o) => o,
+        Err(e) => panic!("exec {argv:?}: {e}"),
+    }
+}
+
+/// Polls `sb.usage().pids` until `ok` holds (10 s at most); returns the last value.
+async fn wait_pids(sb: &ContainerSandbox, ok: impl Fn(u64) -> bool) -> u64 {
+    let mut pids = sb.usage().pids;
+    for _ in 0..100 {
+        if ok(pids) {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+        pids = sb.usage().pids;
+    }
+    pids
+}
+
+/// With the user pids cgroup full (as in a fork bomb), aether, outside it with a reserve, still
+/// serves file reads and starts new commands, and the sandbox recovers after a kill.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fork_bomb_leaves_aether_in_control() {
+    let aether = skip_unless_ready!();
+    let env = Env::new(aether, "bomb");
+    let sb = env.create(env.spec(1)).await;
+    let user_procs = sb
+        .cgroup()
+        .user_procs_file()
+        .expect("a user cgroup (pids hierarchy mounted)");
+    let o = sh(&sb, "echo marker > /tmp/f; echo ok").await;
+    assert_eq!(out(&o), "ok", "{}", all(&o));
+    // Commands run in the user cgroup, aether does not.
+    let members = std::fs::read_to_string(&user_procs).unwrap();
+    assert!(!members.trim().is_empty(), "user cgroup empty");
+    assert!(
+        !members.lines().any(|l| l.trim() == sb.pid().to_string()),
+        "aether {} is in the user cgroup: {members}",
+        sb.pid()
+    );
+
+    // Fill the user cgroup to exactly its limit: the loop forks sleepers until fork fails and
+    // then dies, the session's shell takes the slot it frees. (A self-sustaining bomb is not
+    // possible with busybox sh, which exits when fork fails.)
+    let o = sh(
+        &sb,
+        "sh -c 'for i in $(seq 1 200); do sleep 600 & done' >/dev/null 2>&1; echo started",
+    )
+    .await;
+    assert_eq!(out(&o), "started", "{}", all(&o));
+    let o = sh(&sb, "sleep 600 & echo filled").await;
+    assert_eq!(out(&o), "filled", "{}", all(&o));
+    let pids = wait_pids(&sb, |p| p == 64).await;
+    assert_eq!(pids, 64, "the user cgroup is not full");
+
+    // During the bomb: file reads and new commands through aether work, repeatedly.
+    for round in 0..5 {
+        let (r, body) = sb
+            .aether()
+            .request(
+                Request::ReadFile {
+                    path: "/tmp/f".into(),
+                },
+                Bytes::new(),
+            )
+            .await
+            .unwrap_or_else(|e| panic!("read during the bomb (round {round}): {e}"));
+        assert!(
+            matches!(r, dsec_wire::aether::Reply::FileEnd { .. }),
+            "{r:?}"
+        );
+        assert_eq!(&body[..], b"marker\n");
+        let o = exec(&sb, &["/bin/busybox", "echo", "alive"]).await;
+        assert_eq!(out(&o), "alive", "round {round}: {}", all(&o));
+        assert!(sb.usage().pids <= 64, "user limit exceeded");
+    }
+
+    // Kill everything from a new command (kill(-1) spares PID 1 and the caller).
+    let o = exec(&sb, &["/bin/busybox", "kill", "-9", "-1"]).await;
+    assert_eq!(o.outcome.exit_code, 0, "{}", all(&o));
+    let pids = wait_pids(&sb, |p| p < 5).await;
+    assert!(pids < 5, "bomb survived the kill: {pids} tasks");
+    // Recovered: the shell (restarted if the kill took it) forks again.
+    let o = sh(&sb, "ls / >/dev/null && cat /tmp/f").await;
+    assert_eq!(out(&o), "marker", "{}", all(&o));
+    destroy(&env, &sb).await;
+    assert!(!user_procs.exists(), "user cgroup left behind");
+    assert!(env.cgroup_children().is_empty());
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
