@@ -279,6 +279,36 @@ impl Client {
         .await
     }
 
+    /// Pauses a sandbox (freeze + memory reclaim); any later request resumes it.
+    pub async fn pause(&self, id: &str) -> Result<SandboxInfo> {
+        json(
+            self.send(self.request(Method::POST, self.sandbox_url(id, &["pause"])?))
+                .await?,
+        )
+        .await
+    }
+
+    pub async fn resume(&self, id: &str) -> Result<SandboxInfo> {
+        json(
+            self.send(self.request(Method::POST, self.sandbox_url(id, &["resume"])?))
+                .await?,
+        )
+        .await
+    }
+
+    /// `op` (`pause`, `resume`, `stop`) on every sandbox whose labels include `labels`.
+    pub async fn job_op(
+        &self,
+        op: &str,
+        labels: &std::collections::BTreeMap<String, String>,
+    ) -> Result<dsec_wire::api::JobOpResult> {
+        let (b, u) = self.request(Method::POST, self.url(&["v1", "jobs", op])?);
+        let body = dsec_wire::api::LabelSelector {
+            labels: labels.clone(),
+        };
+        json(self.send((b.json(&body), u)).await?).await
+    }
+
     pub async fn stop(&self, id: &str) -> Result<SandboxInfo> {
         json(
             self.send(self.request(Method::DELETE, self.sandbox_url(id, &[])?))
@@ -530,7 +560,20 @@ impl Client {
     where
         R: AsyncRead + Send + 'static,
     {
-        let (b, u) = self.request(Method::PUT, self.url(&["v1", "images", name])?);
+        self.import_image_as(name, "tar", tar).await
+    }
+
+    /// Imports an archive of `format`: `tar` (a root file system), `docker-archive`
+    /// (`docker save` output) or `oci` (a tar of an OCI image layout).
+    pub async fn import_image_as<R>(&self, name: &str, format: &str, tar: R) -> Result<ImageInfo>
+    where
+        R: AsyncRead + Send + 'static,
+    {
+        let mut url = self.url(&["v1", "images", name])?;
+        if format != "tar" {
+            url.query_pairs_mut().append_pair("format", format);
+        }
+        let (b, u) = self.request(Method::PUT, url);
         let body = reqwest::Body::wrap_stream(tokio_util::io::ReaderStream::with_capacity(
             tar,
             256 * 1024,

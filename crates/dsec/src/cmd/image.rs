@@ -29,17 +29,26 @@ pub struct ImportArgs {
     /// Image name (`name` or `name:tag`).
     pub name: String,
     /// Root file system directory.
-    #[arg(long, conflicts_with = "tar", required_unless_present = "tar")]
+    #[arg(long, conflicts_with_all = ["tar", "oci", "docker_archive"], required_unless_present_any = ["tar", "oci", "docker_archive"])]
     pub dir: Option<PathBuf>,
     /// Tar file (`-` for standard input).
-    #[arg(long)]
+    #[arg(long, conflicts_with_all = ["oci", "docker_archive"])]
     pub tar: Option<PathBuf>,
+    /// OCI image layout directory (as `skopeo copy ... oci:DIR` writes it); keeps its layers.
+    #[arg(long, conflicts_with = "docker_archive")]
+    pub oci: Option<PathBuf>,
+    /// `docker save` archive (`-` for standard input); keeps its layers.
+    #[arg(long)]
+    pub docker_archive: Option<PathBuf>,
 }
 
 #[derive(Args, Debug)]
 pub struct LsArgs {
     #[arg(long)]
     pub json: bool,
+    /// One row per layer: digest, metadata/data sizes, users, parent image.
+    #[arg(long)]
+    pub layers: bool,
 }
 
 #[derive(Args, Debug)]
@@ -64,7 +73,12 @@ pub async fn image(c: &Client, cmd: ImageCommand) -> anyhow::Result<()> {
 type ByteStream = futures::stream::BoxStream<'static, std::io::Result<Bytes>>;
 
 async fn import(c: &Client, a: ImportArgs) -> anyhow::Result<()> {
-    let (source, stream): (String, ByteStream) = match (&a.dir, &a.tar) {
+    let (format, dir, tar) = match (&a.oci, &a.docker_archive) {
+        (Some(d), _) => ("oci", Some(d), None),
+        (None, Some(f)) => ("docker-archive", None, Some(f)),
+        (None, None) => ("tar", a.dir.as_ref(), a.tar.as_ref()),
+    };
+    let (source, stream): (String, ByteStream) = match (dir, tar) {
         (Some(dir), _) => {
             let meta = std::fs::metadata(dir).with_context(|| format!("read {}", dir.display()))?;
             if !meta.is_dir() {
@@ -126,7 +140,7 @@ async fn import(c: &Client, a: ImportArgs) -> anyhow::Result<()> {
         })
     });
     let reader = tokio_util::io::StreamReader::new(counted);
-    let result = c.import_image(&a.name, reader).await;
+    let result = c.import_image_as(&a.name, format, reader).await;
     if let Some(p) = progress {
         p.abort();
         eprint!("\r\x1b[K");
@@ -151,6 +165,31 @@ async fn ls(c: &Client, a: LsArgs) -> anyhow::Result<()> {
     let list = c.images().await.context("list images")?;
     if a.json {
         return super::print_json(&list);
+    }
+    if a.layers {
+        let mut rows = Vec::new();
+        for i in &list.images {
+            for (n, l) in i.layers.iter().enumerate() {
+                rows.push(vec![
+                    i.name.clone(),
+                    n.to_string(),
+                    l.digest.chars().take(12).collect(),
+                    human_bytes(l.meta_bytes),
+                    human_bytes(l.blob_bytes),
+                    l.users.to_string(),
+                    i.parent.clone().unwrap_or_else(|| "-".into()),
+                    i.source.clone().unwrap_or_else(|| "-".into()),
+                ]);
+            }
+        }
+        print!(
+            "{}",
+            crate::table::render(
+                &["IMAGE", "#", "LAYER", "META", "DATA", "USERS", "PARENT", "SOURCE"],
+                &rows
+            )
+        );
+        return Ok(());
     }
     let rows: Vec<Vec<String>> = list
         .images
