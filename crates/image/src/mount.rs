@@ -40,7 +40,9 @@ pub fn mount_erofs_with(file: &Path, target: &Path, blob: Option<&Path>) -> io::
             format!(
                 "mount -t erofs {}{} {}: {e}",
                 file.display(),
-                data.as_deref().map(|d| format!(" -o {d}")).unwrap_or_default(),
+                data.as_deref()
+                    .map(|d| format!(" -o {d}"))
+                    .unwrap_or_default(),
                 target.display()
             ),
         )

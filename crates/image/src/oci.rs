@@ -99,7 +99,8 @@ pub fn layer_files(dir: &Path, format: ArchiveFormat) -> Result<Vec<PathBuf>, St
             for _ in 0..4 {
                 let blob = oci_blob(dir, &desc.digest)?;
                 let m: OciManifest = serde_json::from_slice(
-                    &fs::read(&blob).map_err(|e| format!("OCI layout: read {}: {e}", desc.digest))?,
+                    &fs::read(&blob)
+                        .map_err(|e| format!("OCI layout: read {}: {e}", desc.digest))?,
                 )
                 .map_err(|e| format!("OCI layout: bad manifest {}: {e}", desc.digest))?;
                 if m.layers.is_empty() && !m.manifests.is_empty() {
@@ -149,8 +150,7 @@ pub(crate) fn verify_sha256(p: &Path, digest: &str) -> Result<(), String> {
 fn inside(dir: &Path, rel: &str) -> Result<PathBuf, String> {
     let p = Path::new(rel);
     if p.is_absolute()
-        || p
-            .components()
+        || p.components()
             .any(|c| !matches!(c, std::path::Component::Normal(_)))
     {
         return Err(format!("layer path {rel:?} leaves the archive"));
@@ -161,7 +161,10 @@ fn inside(dir: &Path, rel: &str) -> Result<PathBuf, String> {
 /// Unpacks an archive's outer tar (no whiteout handling: these are the archive's own files).
 pub fn unpack_outer<R: io::Read>(reader: R, dir: &Path) -> Result<(), String> {
     let mut ar = tar::Archive::new(reader);
-    for entry in ar.entries().map_err(|e| format!("not a tar archive: {e}"))? {
+    for entry in ar
+        .entries()
+        .map_err(|e| format!("not a tar archive: {e}"))?
+    {
         let mut e = entry.map_err(|e| format!("corrupt archive: {e}"))?;
         let kind = e.header().entry_type();
         if !(kind.is_file() || kind.is_dir()) {
@@ -206,6 +209,9 @@ mod tests {
         )
         .unwrap();
         let l = layer_files(t.path(), ArchiveFormat::DockerArchive).unwrap();
-        assert_eq!(l, vec![t.path().join("a/layer.tar"), t.path().join("b/layer.tar")]);
+        assert_eq!(
+            l,
+            vec![t.path().join("a/layer.tar"), t.path().join("b/layer.tar")]
+        );
     }
 }

@@ -621,9 +621,8 @@ impl ImageStore {
             let (r2, n2) = (root.clone(), name.to_string());
             tokio::task::spawn_blocking(move || -> Result<(), ImageError> {
                 fs::create_dir(&r2)?;
-                let f = fs::File::open(&tarfile).map_err(|e| {
-                    import_err(&n2, format!("layer {}: {e}", tarfile.display()))
-                })?;
+                let f = fs::File::open(&tarfile)
+                    .map_err(|e| import_err(&n2, format!("layer {}: {e}", tarfile.display())))?;
                 import::unpack_tar(f, &r2)
                     .map_err(|m| import_err(&n2, format!("layer {}: {m}", i + 1)))
             })
@@ -1067,7 +1066,9 @@ impl Inner {
             };
             let got = import::sample_digest(&mut reader, rec.blob_bytes)?;
             if &got != want {
-                return Err(corrupt("corrupt (its first/last 64 KiB do not match)".into()));
+                return Err(corrupt(
+                    "corrupt (its first/last 64 KiB do not match)".into(),
+                ));
             }
         }
         Ok(Some(self.blobs.mount_source(&key)?))

@@ -210,7 +210,12 @@ mod tests {
     #[test]
     fn keys_are_checked() {
         assert!(check_key(&format!("{}.blob", "a".repeat(64))).is_ok());
-        for bad in ["../x.blob", "x.blob", &"a".repeat(64), &format!("{}./", "a".repeat(64))] {
+        for bad in [
+            "../x.blob",
+            "x.blob",
+            &"a".repeat(64),
+            &format!("{}./", "a".repeat(64)),
+        ] {
             assert!(check_key(bad).is_err(), "{bad}");
         }
     }
