@@ -150,8 +150,9 @@ pub async fn build_layer_excluding(
         cmd.arg(format!("--blobdev={}", blob_path.display()));
     }
     for e in excluded {
-        // mkfs.erofs matches the path as it walks: `<dir>/<rel>`.
-        cmd.arg(format!("--exclude-path={}", dir.join(e).display()));
+        // mkfs.erofs matches paths relative to the source directory (checked on
+        // erofs-utils 1.5: absolute paths are silently ignored).
+        cmd.arg(format!("--exclude-path={e}"));
     }
     cmd.arg(&out).arg(dir);
     cmd.stdin(std::process::Stdio::null());
