@@ -9,7 +9,7 @@ use std::path::PathBuf;
 use crate::aether_client::AetherClient;
 
 /// Everything a substrate needs to build one sandbox.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, Default)]
 pub struct SandboxSpec {
     pub id: String,
     pub hostname: String,
@@ -22,6 +22,11 @@ pub struct SandboxSpec {
     pub pids_limit: u64,
     pub user: String,
     pub env: BTreeMap<String, String>,
+    /// A network namespace prepared by the edge (veth, addresses) that the sandbox joins instead
+    /// of getting an empty one with only loopback.
+    pub netns: Option<std::sync::Arc<std::os::fd::OwnedFd>>,
+    /// Paths inside the sandbox kept read-only even to root (Landlock).
+    pub protected_paths: Vec<String>,
 }
 
 /// Resource usage of a running sandbox.

@@ -101,6 +101,7 @@ async fn fifty_cycles_leak_nothing() {
             pids_limit: 32,
             user: "root".into(),
             env: BTreeMap::new(),
+            ..Default::default()
         };
         let sb = substrate
             .create(spec)

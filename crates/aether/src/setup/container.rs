@@ -9,7 +9,7 @@ use std::os::fd::RawFd;
 use dsec_wire::aether::ContainerSetup;
 
 use super::sys::RealSys;
-use super::{caps, mounts, seccomp};
+use super::{caps, landlock, mounts, seccomp};
 
 /// Why the sandbox could not be set up; sent to the edge as a `Setup` error.
 #[derive(Debug)]
@@ -97,6 +97,7 @@ pub fn apply(setup: &ContainerSetup) -> Result<(), SetupError> {
         .map_err(|e| fail("join the /proc viewer group", std::io::Error::from(e)))?;
     caps::restrict().map_err(|e| fail("drop capabilities", e))?;
     caps::set_no_new_privs().map_err(|e| fail("set no_new_privs", e))?;
+    landlock::apply(&setup.protected_paths).map_err(|e| fail("landlock", e))?;
     seccomp::install().map_err(|e| fail("seccomp", e))?;
     caps::set_non_dumpable().map_err(|e| fail("set non-dumpable", e))?;
     Ok(())

@@ -13,6 +13,7 @@
 
 pub mod caps;
 pub mod container;
+pub mod landlock;
 pub mod mounts;
 pub mod seccomp;
 pub mod sys;
