@@ -1,0 +1,651 @@
+//! Per-sandbox networking: modes `none | allowlist | open`, allow rules by CIDR, port range and
+//! protocol, named domain groups resolved through the edge's DNS proxy, live rule changes and
+//! denied-packet counters.
+//!
+//! One file per concern: [`policy`] (pure rule logic), [`netns`] (namespace, veth, addresses),
+//! [`nft`] (host-side enforcement), [`dns`] (the DNS proxy), [`http`] (the two routes).
+//!
+//! Nothing is touched on the host until the first sandbox with networking is created, so edges
+//! that never use networking leave the host's network configuration alone.
+
+pub mod dns;
+pub mod hook;
+pub mod http;
+pub mod netns;
+pub mod nft;
+pub mod policy;
+
+use std::collections::{BTreeMap, HashMap};
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
+use std::os::fd::OwnedFd;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+use dsec_wire::api::{DnsGrant, NetworkMode, NetworkSpec, NetworkStatus};
+use serde::{Deserialize, Serialize};
+
+use crate::config::ConfigError;
+use policy::Policy;
+
+/// `[edge.network]` of the config file.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct NetworkConfig {
+    /// Private IPv4 block sandboxes get addresses from; its first address is the gateway and
+    /// the DNS proxy's address.
+    pub subnet_v4: String,
+    /// ULA IPv6 block (a /64) for sandbox addresses.
+    pub subnet_v6: String,
+    /// nftables table (family `inet`) the edge owns; also the prefix of namespace names.
+    pub table: String,
+    /// Prefix of the host ends of sandbox veths (1-3 characters).
+    pub veth_prefix: String,
+    /// Dummy interface holding the gateway address.
+    pub gateway_interface: String,
+    /// Domain groups: `pypi = ["pypi.test", "*.pypi.test"]`.
+    pub groups: BTreeMap<String, Vec<String>>,
+    /// Static DNS table: `"pypi.test" = "192.0.2.10"` (several addresses comma-separated;
+    /// `*.name` entries answer every name below).
+    pub hosts: BTreeMap<String, String>,
+    /// TTL of answers from `hosts`; a granted address leaves the allow set when it expires.
+    pub dns_ttl_s: u32,
+    /// TCP ports a name resolved through an enabled group may be reached on.
+    pub domain_ports: Vec<u16>,
+}
+
+impl Default for NetworkConfig {
+    fn default() -> Self {
+        Self {
+            subnet_v4: "10.201.0.0/16".into(),
+            subnet_v6: "fd00:d5ec::/64".into(),
+            table: "dsec".into(),
+            veth_prefix: "dsv".into(),
+            gateway_interface: "dsec0".into(),
+            groups: BTreeMap::new(),
+            hosts: BTreeMap::new(),
+            dns_ttl_s: 60,
+            domain_ports: vec![80, 443],
+        }
+    }
+}
+
+fn bad(key: &'static str, message: impl Into<String>) -> ConfigError {
+    ConfigError {
+        key,
+        message: message.into(),
+    }
+}
+
+impl NetworkConfig {
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        let v4 = policy::parse_cidr(&self.subnet_v4).map_err(|m| bad("network.subnet_v4", m))?;
+        if !v4.is_v4() || !(8..=24).contains(&v4.prefix) {
+            return Err(bad(
+                "network.subnet_v4",
+                "must be an IPv4 block from /8 to /24",
+            ));
+        }
+        let v6 = policy::parse_cidr(&self.subnet_v6).map_err(|m| bad("network.subnet_v6", m))?;
+        if v6.is_v4() || v6.prefix != 64 {
+            return Err(bad("network.subnet_v6", "must be an IPv6 /64"));
+        }
+        let ident = |s: &str, max: usize| {
+            !s.is_empty()
+                && s.len() <= max
+                && s.bytes()
+                    .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_')
+        };
+        if !ident(&self.table, 24) {
+            return Err(bad("network.table", "must be 1-24 characters of [a-z0-9_]"));
+        }
+        if !ident(&self.veth_prefix, 3) {
+            return Err(bad(
+                "network.veth_prefix",
+                "must be 1-3 characters of [a-z0-9_]",
+            ));
+        }
+        if !ident(&self.gateway_interface, 15) {
+            return Err(bad(
+                "network.gateway_interface",
+                "must be 1-15 characters of [a-z0-9_]",
+            ));
+        }
+        for (g, patterns) in &self.groups {
+            for p in patterns {
+                policy::validate_pattern(p)
+                    .map_err(|m| bad("network.groups", format!("{g}: {m}")))?;
+            }
+        }
+        for (name, addrs) in &self.hosts {
+            policy::validate_pattern(name).map_err(|m| bad("network.hosts", m))?;
+            dns::parse_addrs(addrs).map_err(|m| bad("network.hosts", format!("{name}: {m}")))?;
+        }
+        if self.domain_ports.contains(&0) {
+            return Err(bad("network.domain_ports", "ports must be 1-65535"));
+        }
+        Ok(())
+    }
+}
+
+/// Why a network operation failed.
+#[derive(Debug, thiserror::Error)]
+pub enum NetError {
+    /// The request's rules are wrong; the message says how.
+    #[error("network policy: {0}")]
+    Policy(String),
+    #[error("{tool}: {message}")]
+    Tool { tool: &'static str, message: String },
+    #[error("no free sandbox address left in {0}")]
+    Exhausted(String),
+    #[error("DNS proxy: {0}")]
+    Dns(String),
+}
+
+impl From<NetError> for crate::error::EdgeError {
+    fn from(e: NetError) -> Self {
+        match e {
+            NetError::Policy(m) => crate::error::EdgeError::BadRequest(m),
+            NetError::Exhausted(m) => {
+                crate::error::EdgeError::NodeFull(format!("no free sandbox address left in {m}"))
+            }
+            other => crate::error::EdgeError::Internal(other.to_string()),
+        }
+    }
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// What a sandbox with networking has on the host.
+struct SbNet {
+    key: String,
+    veth: String,
+    ns: String,
+    host_no: u32,
+    ipv4: Ipv4Addr,
+    ipv6: Ipv6Addr,
+    policy: Mutex<Policy>,
+    dns_refused: AtomicU64,
+    dns_answered: AtomicU64,
+    grants: Mutex<Vec<(String, IpAddr, Instant)>>,
+}
+
+/// What the substrate needs from an attached sandbox.
+pub struct Attachment {
+    pub netns: Arc<OwnedFd>,
+    /// Contents of the sandbox's `/etc/resolv.conf`.
+    pub resolv_conf: String,
+}
+
+/// Everything resolved from the config once.
+struct Resolved {
+    base: nft::Base,
+    hosts: Vec<(String, Vec<IpAddr>)>,
+}
+
+/// The node's networking: per-sandbox state, the nftables table and the DNS proxy.
+pub struct Network {
+    cfg: NetworkConfig,
+    resolved: Resolved,
+    alloc: Mutex<netns::Allocator>,
+    sandboxes: Mutex<HashMap<String, Arc<SbNet>>>,
+    by_addr: Mutex<HashMap<IpAddr, Arc<SbNet>>>,
+    init: tokio::sync::OnceCell<()>,
+    dns_refused_total: AtomicU64,
+}
+
+/// The short key of a sandbox id (its last 12 hex digits) naming chains, sets and the veth.
+pub fn key_of(id: &str) -> String {
+    let tail = id.rsplit('-').next().unwrap_or(id);
+    tail[tail.len().saturating_sub(12)..].to_string()
+}
+
+impl Network {
+    /// Builds the (inactive) network from a validated config.
+    pub fn new(cfg: NetworkConfig) -> Arc<Self> {
+        let v4 = policy::parse_cidr(&cfg.subnet_v4)
+            .unwrap_or_else(|_| policy::parse_cidr("10.201.0.0/16").expect("literal"));
+        let v6 = policy::parse_cidr(&cfg.subnet_v6)
+            .unwrap_or_else(|_| policy::parse_cidr("fd00:d5ec::/64").expect("literal"));
+        let gateway_v4 = match v4.addr {
+            IpAddr::V4(a) => Ipv4Addr::from(u32::from(a) + 1),
+            _ => Ipv4Addr::new(10, 201, 0, 1),
+        };
+        let hosts = cfg
+            .hosts
+            .iter()
+            .filter_map(|(n, a)| {
+                dns::parse_addrs(a)
+                    .ok()
+                    .map(|a| (n.to_ascii_lowercase(), a))
+            })
+            .collect();
+        Arc::new(Network {
+            resolved: Resolved {
+                base: nft::Base {
+                    table: cfg.table.clone(),
+                    veth_prefix: cfg.veth_prefix.clone(),
+                    subnet_v4: v4,
+                    subnet_v6: v6,
+                    gateway_v4,
+                },
+                hosts,
+            },
+            alloc: Mutex::new(netns::Allocator::new(v4, v6)),
+            cfg,
+            sandboxes: Mutex::new(HashMap::new()),
+            by_addr: Mutex::new(HashMap::new()),
+            init: tokio::sync::OnceCell::new(),
+            dns_refused_total: AtomicU64::new(0),
+        })
+    }
+
+    pub fn config(&self) -> &NetworkConfig {
+        &self.cfg
+    }
+
+    /// The policy a create request asks for.
+    pub fn policy_for(
+        &self,
+        spec: Option<&NetworkSpec>,
+        groups: &BTreeMap<String, bool>,
+    ) -> Result<Policy, NetError> {
+        policy::from_request(spec, groups, &self.cfg.groups).map_err(NetError::Policy)
+    }
+
+    /// Host setup, base table and DNS proxy, once.
+    async fn ensure_init(self: &Arc<Self>) -> Result<(), NetError> {
+        let me = self.clone();
+        self.init
+            .get_or_try_init(|| async move {
+                let base = me.resolved.base.clone();
+                let dummy = me.cfg.gateway_interface.clone();
+                blocking(move || {
+                    netns::host_setup(&dummy, base.gateway_v4)?;
+                    nft::apply(&nft::base_script(&base))
+                })
+                .await?;
+                let addr = SocketAddr::from((me.resolved.base.gateway_v4, 53));
+                let sock = tokio::net::UdpSocket::bind(addr)
+                    .await
+                    .map_err(|e| NetError::Dns(format!("bind {addr}: {e}")))?;
+                let weak = Arc::downgrade(&me);
+                tokio::spawn(serve_dns(weak, sock));
+                tracing::info!(table = %me.cfg.table, gateway = %addr, "sandbox networking ready");
+                Ok(())
+            })
+            .await
+            .map(|_| ())
+    }
+
+    /// Prepares the namespace, veth, addresses and rules of a sandbox (mode ≠ none).
+    pub async fn attach(
+        self: &Arc<Self>,
+        id: &str,
+        policy: Policy,
+    ) -> Result<Attachment, NetError> {
+        self.ensure_init().await?;
+        let (host_no, ipv4, ipv6) = lock(&self.alloc)
+            .take()
+            .ok_or_else(|| NetError::Exhausted(self.cfg.subnet_v4.clone()))?;
+        let key = key_of(id);
+        let sb = Arc::new(SbNet {
+            veth: format!("{}{key}", self.cfg.veth_prefix),
+            ns: format!("{}-{id}", self.cfg.table),
+            key,
+            host_no,
+            ipv4,
+            ipv6,
+            policy: Mutex::new(policy),
+            dns_refused: AtomicU64::new(0),
+            dns_answered: AtomicU64::new(0),
+            grants: Mutex::new(Vec::new()),
+        });
+        let base = self.resolved.base.clone();
+        let s2 = sb.clone();
+        let built = blocking(move || {
+            let prepared = netns::create(&s2.ns, &s2.veth, base.gateway_v4, s2.ipv4, s2.ipv6)?;
+            let p = lock(&s2.policy).clone();
+            let rules = nft::SandboxRules {
+                key: &s2.key,
+                veth: &s2.veth,
+                ipv4: s2.ipv4,
+                ipv6: s2.ipv6,
+                mode: p.mode,
+                allows: &p.allows,
+            };
+            if let Err(e) = nft::apply(&nft::attach_script(&base, &rules)) {
+                let _ = nft::apply(&nft::detach_script(&base, &s2.key, &s2.veth));
+                netns::remove(&s2.ns, &s2.veth);
+                return Err(e);
+            }
+            Ok(prepared)
+        })
+        .await;
+        let prepared = match built {
+            Ok(p) => p,
+            Err(e) => {
+                lock(&self.alloc).give_back(host_no);
+                return Err(e);
+            }
+        };
+        lock(&self.sandboxes).insert(id.to_string(), sb.clone());
+        lock(&self.by_addr).insert(IpAddr::V4(ipv4), sb.clone());
+        lock(&self.by_addr).insert(IpAddr::V6(ipv6), sb);
+        tracing::info!(sandbox = %id, %ipv4, %ipv6, "sandbox network attached");
+        Ok(Attachment {
+            netns: Arc::new(prepared.fd),
+            resolv_conf: format!(
+                "# written by the dsec edge: its DNS proxy answers only allowed names\nnameserver {}\noptions attempts:1 timeout:1\n",
+                self.resolved.base.gateway_v4
+            ),
+        })
+    }
+
+    /// The host number (address index) of an attached sandbox.
+    pub fn host_no(&self, id: &str) -> Option<u32> {
+        lock(&self.sandboxes).get(id).map(|s| s.host_no)
+    }
+
+    /// The current policy of an attached sandbox.
+    pub fn policy_of(&self, id: &str) -> Option<Policy> {
+        lock(&self.sandboxes)
+            .get(id)
+            .map(|s| lock(&s.policy).clone())
+    }
+
+    /// Takes back a sandbox that survived an edge restart: its namespace, veth and chains
+    /// still exist; only the edge's memory of them is rebuilt.
+    pub async fn readopt(
+        self: &Arc<Self>,
+        id: &str,
+        saved: &hook::SavedNetwork,
+    ) -> Result<(), NetError> {
+        self.ensure_init().await?;
+        let policy = policy::from_request(Some(&saved.spec), &BTreeMap::new(), &self.cfg.groups)
+            .map_err(NetError::Policy)?;
+        let (ipv4, ipv6) = lock(&self.alloc)
+            .take_specific(saved.host_no)
+            .ok_or_else(|| NetError::Policy(format!("address #{} is taken", saved.host_no)))?;
+        let key = key_of(id);
+        let sb = Arc::new(SbNet {
+            veth: format!("{}{key}", self.cfg.veth_prefix),
+            ns: format!("{}-{id}", self.cfg.table),
+            key,
+            host_no: saved.host_no,
+            ipv4,
+            ipv6,
+            policy: Mutex::new(policy),
+            dns_refused: AtomicU64::new(0),
+            dns_answered: AtomicU64::new(0),
+            grants: Mutex::new(Vec::new()),
+        });
+        lock(&self.sandboxes).insert(id.to_string(), sb.clone());
+        lock(&self.by_addr).insert(IpAddr::V4(ipv4), sb.clone());
+        lock(&self.by_addr).insert(IpAddr::V6(ipv6), sb);
+        Ok(())
+    }
+
+    /// Removes everything a sandbox had. Idempotent; unknown ids are fine.
+    pub async fn detach(&self, id: &str) -> Result<(), NetError> {
+        let Some(sb) = lock(&self.sandboxes).remove(id) else {
+            return Ok(());
+        };
+        lock(&self.by_addr).retain(|_, v| !Arc::ptr_eq(v, &sb));
+        let base = self.resolved.base.clone();
+        let s2 = sb.clone();
+        let r = blocking(move || {
+            let r = nft::apply(&nft::detach_script(&base, &s2.key, &s2.veth));
+            netns::remove(&s2.ns, &s2.veth);
+            r
+        })
+        .await;
+        lock(&self.alloc).give_back(sb.host_no);
+        r
+    }
+
+    /// The sandbox's network status (mode `none` for sandboxes without networking).
+    pub async fn status(
+        &self,
+        id: &str,
+        fallback_groups: &BTreeMap<String, bool>,
+    ) -> NetworkStatus {
+        let Some(sb) = lock(&self.sandboxes).get(id).cloned() else {
+            return NetworkStatus {
+                mode: NetworkMode::None,
+                groups: fallback_groups.clone(),
+                ..Default::default()
+            };
+        };
+        let base = self.resolved.base.clone();
+        let key = sb.key.clone();
+        let denied = blocking(move || nft::denied_packets(&base, &key))
+            .await
+            .unwrap_or(0);
+        let p = lock(&sb.policy).clone();
+        let now = Instant::now();
+        let grants = {
+            let mut g = lock(&sb.grants);
+            g.retain(|(_, _, exp)| *exp > now);
+            g.iter()
+                .map(|(n, a, exp)| DnsGrant {
+                    name: n.clone(),
+                    address: a.to_string(),
+                    expires_in_s: exp.saturating_duration_since(now).as_secs(),
+                })
+                .collect()
+        };
+        NetworkStatus {
+            mode: p.mode,
+            rules: p.rules,
+            groups: p.groups,
+            ipv4: Some(sb.ipv4.to_string()),
+            ipv6: Some(sb.ipv6.to_string()),
+            resolver: Some(self.resolved.base.gateway_v4.to_string()),
+            denied_packets: denied,
+            dns_refused: sb.dns_refused.load(Ordering::Relaxed),
+            dns_answered: sb.dns_answered.load(Ordering::Relaxed),
+            dns_grants: grants,
+        }
+    }
+
+    /// Replaces a running sandbox's rules in one nftables transaction.
+    pub async fn update(&self, id: &str, spec: &NetworkSpec) -> Result<(), NetError> {
+        let Some(sb) = lock(&self.sandboxes).get(id).cloned() else {
+            return Err(NetError::Policy(format!(
+                "sandbox {id} was created with network mode `none`; its network namespace has only loopback and cannot be opened later (create it with `network.mode` allowlist or open)"
+            )));
+        };
+        let current = lock(&sb.policy).clone();
+        let next = policy::update(&current, spec, &self.cfg.groups).map_err(NetError::Policy)?;
+        if next.mode == NetworkMode::None {
+            return Err(NetError::Policy(
+                "a running sandbox cannot go back to mode `none`; use allowlist with no rules to cut it off".into(),
+            ));
+        }
+        let base = self.resolved.base.clone();
+        let s2 = sb.clone();
+        let n2 = next.clone();
+        blocking(move || {
+            let rules = nft::SandboxRules {
+                key: &s2.key,
+                veth: &s2.veth,
+                ipv4: s2.ipv4,
+                ipv6: s2.ipv6,
+                mode: n2.mode,
+                allows: &n2.allows,
+            };
+            // Names no longer allowed lose their DNS grants in the same transaction.
+            let mut script = nft::rules_script(&base, &rules);
+            script.push_str(&format!(
+                "flush set inet {t} sb_{k}_d4\nflush set inet {t} sb_{k}_d6\n",
+                t = base.table,
+                k = s2.key
+            ));
+            nft::apply(&script)
+        })
+        .await?;
+        lock(&sb.grants).clear();
+        *lock(&sb.policy) = next;
+        tracing::info!(sandbox = %id, "network rules updated");
+        Ok(())
+    }
+
+    /// Removes what an earlier run left: namespaces and veths with our prefixes, the table.
+    pub async fn reap_orphans(&self) -> Vec<String> {
+        let ns_prefix = format!("{}-", self.cfg.table);
+        let veth_prefix = self.cfg.veth_prefix.clone();
+        let table = self.cfg.table.clone();
+        let live: Vec<(String, String)> = lock(&self.sandboxes)
+            .values()
+            .map(|s| (s.ns.clone(), s.veth.clone()))
+            .collect();
+        blocking(move || {
+            let (nss, veths) = netns::leftovers(&ns_prefix, &veth_prefix);
+            let mut reaped = Vec::new();
+            for ns in nss.iter().filter(|n| !live.iter().any(|(l, _)| l == *n)) {
+                netns::remove(ns, "");
+                reaped.push(ns.clone());
+            }
+            for v in veths.iter().filter(|v| !live.iter().any(|(_, l)| l == *v)) {
+                netns::remove("", v);
+                reaped.push(v.clone());
+            }
+            if live.is_empty() {
+                nft::delete_table(&table);
+            }
+            Ok(reaped)
+        })
+        .await
+        .unwrap_or_default()
+    }
+
+    /// Answers one DNS message from `src`; returns the reply (None: drop silently).
+    async fn answer(&self, msg: &[u8], src: IpAddr) -> Option<Vec<u8>> {
+        let sb = lock(&self.by_addr).get(&src).cloned();
+        let q = match dns::parse_query(msg) {
+            Ok(q) => q,
+            Err(Some(id)) => return Some(dns::build_formerr(id)),
+            Err(None) => return None,
+        };
+        let Some(sb) = sb else {
+            self.dns_refused_total.fetch_add(1, Ordering::Relaxed);
+            return Some(dns::build_answer(&q, dns::RCODE_REFUSED, &[], 0));
+        };
+        let allowed = lock(&sb.policy).allows_name(&q.name);
+        if !allowed || q.qclass != 1 {
+            sb.dns_refused.fetch_add(1, Ordering::Relaxed);
+            self.dns_refused_total.fetch_add(1, Ordering::Relaxed);
+            tracing::warn!(sandbox_addr = %src, name = %q.name, "DNS proxy refused a name the sandbox may not resolve");
+            return Some(dns::build_answer(&q, dns::RCODE_REFUSED, &[], 0));
+        }
+        let Some(addrs) = dns::lookup(&self.resolved.hosts, &q.name).map(<[IpAddr]>::to_vec) else {
+            sb.dns_answered.fetch_add(1, Ordering::Relaxed);
+            return Some(dns::build_answer(&q, dns::RCODE_NXDOMAIN, &[], 0));
+        };
+        let ttl = self.cfg.dns_ttl_s;
+        let wanted: Vec<IpAddr> = addrs
+            .into_iter()
+            .filter(|a| {
+                matches!(
+                    (a, q.qtype),
+                    (IpAddr::V4(_), dns::TYPE_A) | (IpAddr::V6(_), dns::TYPE_AAAA)
+                )
+            })
+            .collect();
+        if !wanted.is_empty() && lock(&sb.policy).mode == NetworkMode::Allowlist {
+            let base = self.resolved.base.clone();
+            let key = sb.key.clone();
+            let ports = self.cfg.domain_ports.clone();
+            let w2 = wanted.clone();
+            let granted = blocking(move || {
+                let script: String = w2
+                    .iter()
+                    .map(|a| {
+                        nft::grant_script(
+                            &base,
+                            &key,
+                            *a,
+                            &ports,
+                            Duration::from_secs(u64::from(ttl)),
+                        )
+                    })
+                    .collect();
+                nft::apply(&script)
+            })
+            .await;
+            if let Err(e) = granted {
+                tracing::error!(name = %q.name, error = %e, "DNS proxy could not allow resolved addresses");
+                return Some(dns::build_answer(&q, 2, &[], 0)); // SERVFAIL
+            }
+            let exp = Instant::now() + Duration::from_secs(u64::from(ttl));
+            let mut g = lock(&sb.grants);
+            for a in &wanted {
+                g.retain(|(n, x, _)| !(n == &q.name && x == a));
+                g.push((q.name.clone(), *a, exp));
+            }
+        }
+        sb.dns_answered.fetch_add(1, Ordering::Relaxed);
+        Some(dns::build_answer(&q, 0, &wanted, ttl))
+    }
+}
+
+/// The DNS proxy loop; ends when the network is dropped.
+async fn serve_dns(net: std::sync::Weak<Network>, sock: tokio::net::UdpSocket) {
+    let mut buf = vec![0u8; 1500];
+    loop {
+        let (n, from) = match sock.recv_from(&mut buf).await {
+            Ok(v) => v,
+            Err(e) => {
+                tracing::warn!(error = %e, "DNS proxy receive");
+                continue;
+            }
+        };
+        let Some(net) = net.upgrade() else { return };
+        if let Some(reply) = net.answer(&buf[..n], from.ip()).await {
+            let _ = sock.send_to(&reply, from).await;
+        }
+    }
+}
+
+/// Runs blocking tool invocations off the async threads.
+async fn blocking<T: Send + 'static>(
+    f: impl FnOnce() -> Result<T, NetError> + Send + 'static,
+) -> Result<T, NetError> {
+    tokio::task::spawn_blocking(f)
+        .await
+        .map_err(|e| NetError::Tool {
+            tool: "task",
+            message: e.to_string(),
+        })?
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn config_validation() {
+        assert!(NetworkConfig::default().validate().is_ok());
+        let mut c = NetworkConfig::default();
+        c.subnet_v4 = "10.0.0.0/30".into();
+        assert_eq!(c.validate().unwrap_err().key, "network.subnet_v4");
+        let mut c = NetworkConfig::default();
+        c.veth_prefix = "toolong".into();
+        assert_eq!(c.validate().unwrap_err().key, "network.veth_prefix");
+        let mut c = NetworkConfig::default();
+        c.hosts.insert("pypi.test".into(), "not-an-ip".into());
+        assert_eq!(c.validate().unwrap_err().key, "network.hosts");
+        let mut c = NetworkConfig::default();
+        c.groups.insert("pypi".into(), vec!["PyPI.test".into()]);
+        assert_eq!(c.validate().unwrap_err().key, "network.groups");
+    }
+
+    #[test]
+    fn keys() {
+        assert_eq!(key_of("sb-n0-0123456789abcdef"), "456789abcdef");
+        assert_eq!(key_of("short"), "short");
+    }
+}

@@ -1,0 +1,426 @@
+//! Host-side enforcement with nftables: one table (`inet <table>`) owned by the edge.
+//!
+//! Base chains hook `forward` (sandbox to anywhere off the node) and `input` (sandbox to the
+//! host itself) and dispatch on the incoming veth through verdict maps to a per-sandbox chain;
+//! a veth without an entry is dropped. A sandbox's chain drops spoofed source addresses, lets
+//! established flows through, refuses every node-internal address (the edge, other sandboxes)
+//! and then accepts only what the allow sets hold; everything else hits the sandbox's named
+//! counter and is dropped. Sets: static allows (`addr . proto . port-range`, intervals), ICMP
+//! destinations, and DNS grants (`addr . port` with per-element timeouts, filled by the DNS
+//! proxy). Every change is one `nft -f` transaction, so a rule update is atomic and applies
+//! to the next packet of a new connection.
+
+use std::fmt::Write as _;
+use std::io::Write as _;
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
+use std::process::{Command, Stdio};
+use std::time::Duration;
+
+use dsec_wire::api::NetworkMode;
+
+use super::policy::{Allow, Cidr, Proto};
+use super::NetError;
+
+/// Names and addresses the base table is built from.
+#[derive(Debug, Clone)]
+pub struct Base {
+    pub table: String,
+    pub veth_prefix: String,
+    pub subnet_v4: Cidr,
+    pub subnet_v6: Cidr,
+    pub gateway_v4: Ipv4Addr,
+}
+
+/// What one sandbox's chains are built from.
+#[derive(Debug, Clone)]
+pub struct SandboxRules<'a> {
+    /// Short hex key (chain/set names).
+    pub key: &'a str,
+    pub veth: &'a str,
+    pub ipv4: Ipv4Addr,
+    pub ipv6: Ipv6Addr,
+    pub mode: NetworkMode,
+    pub allows: &'a [Allow],
+}
+
+/// The base table, created once (idempotent: `add` does not fail on existing objects).
+pub fn base_script(b: &Base) -> String {
+    let t = &b.table;
+    let p = &b.veth_prefix;
+    format!(
+        "add table inet {t}\n\
+         add map inet {t} fwd {{ type ifname : verdict; }}\n\
+         add map inet {t} inp {{ type ifname : verdict; }}\n\
+         add chain inet {t} forward {{ type filter hook forward priority -10; policy accept; }}\n\
+         add chain inet {t} input {{ type filter hook input priority -10; policy accept; }}\n\
+         add chain inet {t} post {{ type nat hook postrouting priority 100; policy accept; }}\n\
+         flush chain inet {t} forward\n\
+         flush chain inet {t} input\n\
+         flush chain inet {t} post\n\
+         add rule inet {t} forward iifname vmap @fwd\n\
+         add rule inet {t} forward iifname \"{p}*\" drop\n\
+         add rule inet {t} input iifname vmap @inp\n\
+         add rule inet {t} input iifname \"{p}*\" drop\n\
+         add rule inet {t} post ip saddr {v4} ip daddr != {v4} masquerade\n\
+         add rule inet {t} post ip6 saddr {v6} ip6 daddr != {v6} masquerade\n",
+        v4 = b.subnet_v4,
+        v6 = b.subnet_v6,
+    )
+}
+
+fn counter_name(key: &str) -> String {
+    format!("sb_{key}_denied")
+}
+
+/// Creates the sandbox's sets, counter and chains and hooks them into the maps.
+pub fn attach_script(b: &Base, r: &SandboxRules<'_>) -> String {
+    let t = &b.table;
+    let k = r.key;
+    let mut s = String::new();
+    let _ = writeln!(s, "add counter inet {t} {}", counter_name(k));
+    for (name, ty) in [
+        (
+            "a4",
+            "ipv4_addr . inet_proto . inet_service; flags interval;",
+        ),
+        (
+            "a6",
+            "ipv6_addr . inet_proto . inet_service; flags interval;",
+        ),
+        ("i4", "ipv4_addr; flags interval;"),
+        ("i6", "ipv6_addr; flags interval;"),
+        ("d4", "ipv4_addr . inet_service; flags timeout;"),
+        ("d6", "ipv6_addr . inet_service; flags timeout;"),
+    ] {
+        let _ = writeln!(s, "add set inet {t} sb_{k}_{name} {{ type {ty} }}");
+    }
+    let _ = writeln!(s, "add chain inet {t} sb_{k}");
+    let _ = writeln!(s, "add chain inet {t} sb_{k}_in");
+    s.push_str(&rules_script(b, r));
+    let _ = writeln!(
+        s,
+        "add element inet {t} fwd {{ \"{}\" : jump sb_{k} }}",
+        r.veth
+    );
+    let _ = writeln!(
+        s,
+        "add element inet {t} inp {{ \"{}\" : jump sb_{k}_in }}",
+        r.veth
+    );
+    s
+}
+
+/// Replaces the sandbox's rules and static sets (one transaction with the rest of the script).
+pub fn rules_script(b: &Base, r: &SandboxRules<'_>) -> String {
+    let t = &b.table;
+    let k = r.key;
+    let c = counter_name(k);
+    let mut s = String::new();
+    for set in ["a4", "a6", "i4", "i6"] {
+        let _ = writeln!(s, "flush set inet {t} sb_{k}_{set}");
+    }
+    let (mut a4, mut a6, mut i4, mut i6) = (vec![], vec![], vec![], vec![]);
+    for a in r.allows {
+        match (a.proto, a.cidr.is_v4()) {
+            (Proto::Icmp, true) => i4.push(a.cidr.to_string()),
+            (Proto::Icmp, false) => i6.push(a.cidr.to_string()),
+            (p, v4) => {
+                let e = format!("{} . {} . {}-{}", a.cidr, p.as_str(), a.ports.0, a.ports.1);
+                if v4 {
+                    a4.push(e)
+                } else {
+                    a6.push(e)
+                }
+            }
+        }
+    }
+    for (set, elems) in [("a4", a4), ("a6", a6), ("i4", i4), ("i6", i6)] {
+        if !elems.is_empty() {
+            let _ = writeln!(
+                s,
+                "add element inet {t} sb_{k}_{set} {{ {} }}",
+                elems.join(", ")
+            );
+        }
+    }
+    // Forward (and the tail of input): to anywhere.
+    let ch = format!("inet {t} sb_{k}");
+    let _ = writeln!(s, "flush chain {ch}");
+    let _ = writeln!(
+        s,
+        "add rule {ch} meta nfproto ipv4 ip saddr != {} counter name {c} drop",
+        r.ipv4
+    );
+    let _ = writeln!(
+        s,
+        "add rule {ch} meta nfproto ipv6 ip6 saddr != {{ {}, fe80::/64 }} counter name {c} drop",
+        r.ipv6
+    );
+    let _ = writeln!(s, "add rule {ch} ct state established,related accept");
+    let _ = writeln!(
+        s,
+        "add rule {ch} ip daddr {} counter name {c} drop",
+        b.subnet_v4
+    );
+    let _ = writeln!(
+        s,
+        "add rule {ch} ip6 daddr {} counter name {c} drop",
+        b.subnet_v6
+    );
+    match r.mode {
+        NetworkMode::Open => {
+            let _ = writeln!(s, "add rule {ch} accept");
+        }
+        _ => {
+            let _ = writeln!(
+                s,
+                "add rule {ch} ip daddr . meta l4proto . th dport @sb_{k}_a4 accept"
+            );
+            let _ = writeln!(
+                s,
+                "add rule {ch} ip6 daddr . meta l4proto . th dport @sb_{k}_a6 accept"
+            );
+            let _ = writeln!(
+                s,
+                "add rule {ch} meta l4proto icmp ip daddr @sb_{k}_i4 accept"
+            );
+            let _ = writeln!(
+                s,
+                "add rule {ch} meta l4proto ipv6-icmp ip6 daddr @sb_{k}_i6 accept"
+            );
+            let _ = writeln!(s, "add rule {ch} ip daddr . tcp dport @sb_{k}_d4 accept");
+            let _ = writeln!(s, "add rule {ch} ip6 daddr . tcp dport @sb_{k}_d6 accept");
+        }
+    }
+    let _ = writeln!(s, "add rule {ch} counter name {c} drop");
+    // Input: the host itself. Only the DNS proxy and neighbour discovery; in `open` mode
+    // nothing else either (the edge, the apiserver and host services stay unreachable).
+    let ci = format!("inet {t} sb_{k}_in");
+    let _ = writeln!(s, "flush chain {ci}");
+    let _ = writeln!(
+        s,
+        "add rule {ci} ip saddr {} ip daddr {} udp dport 53 accept",
+        r.ipv4, b.gateway_v4
+    );
+    let _ = writeln!(s, "add rule {ci} icmpv6 type {{ nd-neighbor-solicit, nd-neighbor-advert, nd-router-solicit }} accept");
+    match r.mode {
+        NetworkMode::Open => {
+            let _ = writeln!(s, "add rule {ci} ct state established,related accept");
+            let _ = writeln!(s, "add rule {ci} counter name {c} drop");
+        }
+        _ => {
+            let _ = writeln!(s, "add rule {ci} jump sb_{k}");
+        }
+    }
+    s
+}
+
+/// Removes everything of one sandbox (map entries first, then chains, sets, counter).
+pub fn detach_script(b: &Base, key: &str, veth: &str) -> String {
+    let t = &b.table;
+    let mut s = String::new();
+    let _ = writeln!(s, "delete element inet {t} fwd {{ \"{veth}\" }}");
+    let _ = writeln!(s, "delete element inet {t} inp {{ \"{veth}\" }}");
+    let _ = writeln!(s, "flush chain inet {t} sb_{key}_in");
+    let _ = writeln!(s, "flush chain inet {t} sb_{key}");
+    let _ = writeln!(s, "delete chain inet {t} sb_{key}_in");
+    let _ = writeln!(s, "delete chain inet {t} sb_{key}");
+    for set in ["a4", "a6", "i4", "i6", "d4", "d6"] {
+        let _ = writeln!(s, "delete set inet {t} sb_{key}_{set}");
+    }
+    let _ = writeln!(s, "delete counter inet {t} {}", counter_name(key));
+    s
+}
+
+/// Adds DNS-granted destinations (`addr . port`) with a timeout.
+pub fn grant_script(b: &Base, key: &str, addr: IpAddr, ports: &[u16], ttl: Duration) -> String {
+    let t = &b.table;
+    let set = if addr.is_ipv4() { "d4" } else { "d6" };
+    let secs = ttl.as_secs().max(1);
+    let elems: Vec<String> = ports
+        .iter()
+        .map(|p| format!("{addr} . {p} timeout {secs}s"))
+        .collect();
+    // Re-adding an element does not refresh its timeout: delete first (ignored when absent
+    // via `add` + `delete` in the same transaction).
+    let plain: Vec<String> = ports.iter().map(|p| format!("{addr} . {p}")).collect();
+    format!(
+        "add element inet {t} sb_{key}_{set} {{ {} }}\ndelete element inet {t} sb_{key}_{set} {{ {} }}\nadd element inet {t} sb_{key}_{set} {{ {} }}\n",
+        elems.join(", "),
+        plain.join(", "),
+        elems.join(", ")
+    )
+}
+
+/// Runs `nft -f -` with `script` as one transaction.
+pub fn apply(script: &str) -> Result<(), NetError> {
+    let mut child = Command::new("nft")
+        .args(["-f", "-"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .map_err(|e| NetError::Tool {
+            tool: "nft",
+            message: e.to_string(),
+        })?;
+    if let Some(mut stdin) = child.stdin.take() {
+        stdin
+            .write_all(script.as_bytes())
+            .map_err(|e| NetError::Tool {
+                tool: "nft",
+                message: e.to_string(),
+            })?;
+    }
+    let out = child.wait_with_output().map_err(|e| NetError::Tool {
+        tool: "nft",
+        message: e.to_string(),
+    })?;
+    if out.status.success() {
+        Ok(())
+    } else {
+        Err(NetError::Tool {
+            tool: "nft",
+            message: format!(
+                "{}\nscript:\n{script}",
+                String::from_utf8_lossy(&out.stderr).trim()
+            ),
+        })
+    }
+}
+
+/// Packets counted by the sandbox's `denied` counter.
+pub fn denied_packets(b: &Base, key: &str) -> Result<u64, NetError> {
+    let out = Command::new("nft")
+        .args(["list", "counter", "inet", &b.table, &counter_name(key)])
+        .output()
+        .map_err(|e| NetError::Tool {
+            tool: "nft",
+            message: e.to_string(),
+        })?;
+    if !out.status.success() {
+        return Err(NetError::Tool {
+            tool: "nft",
+            message: String::from_utf8_lossy(&out.stderr).trim().to_string(),
+        });
+    }
+    Ok(parse_packets(&String::from_utf8_lossy(&out.stdout)))
+}
+
+/// The `packets N` figure of `nft list counter` output.
+fn parse_packets(text: &str) -> u64 {
+    let mut words = text.split_whitespace();
+    while let Some(w) = words.next() {
+        if w == "packets" {
+            return words.next().and_then(|n| n.parse().ok()).unwrap_or(0);
+        }
+    }
+    0
+}
+
+/// Deletes the whole table (crash recovery, shutdown). A missing table is fine.
+pub fn delete_table(table: &str) {
+    let _ = Command::new("nft")
+        .args(["delete", "table", "inet", table])
+        .stderr(Stdio::null())
+        .status();
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::network::policy::parse_cidr;
+
+    fn base() -> Base {
+        Base {
+            table: "dsec".into(),
+            veth_prefix: "dsv".into(),
+            subnet_v4: parse_cidr("10.201.0.0/16").unwrap(),
+            subnet_v6: parse_cidr("fd00:d5ec::/64").unwrap(),
+            gateway_v4: "10.201.0.1".parse().unwrap(),
+        }
+    }
+
+    #[test]
+    fn scripts() {
+        let b = base();
+        assert!(base_script(&b).contains("iifname \"dsv*\" drop"));
+        let allows = vec![
+            Allow {
+                cidr: parse_cidr("192.0.2.0/24").unwrap(),
+                proto: Proto::Tcp,
+                ports: (80, 443),
+            },
+            Allow {
+                cidr: parse_cidr("fd01::/64").unwrap(),
+                proto: Proto::Udp,
+                ports: (53, 53),
+            },
+            Allow {
+                cidr: parse_cidr("198.51.100.1").unwrap(),
+                proto: Proto::Icmp,
+                ports: (0, 0),
+            },
+        ];
+        let r = SandboxRules {
+            key: "abc",
+            veth: "dsvabc",
+            ipv4: "10.201.0.2".parse().unwrap(),
+            ipv6: "fd00:d5ec::2".parse().unwrap(),
+            mode: NetworkMode::Allowlist,
+            allows: &allows,
+        };
+        let s = attach_script(&b, &r);
+        assert!(
+            s.contains("add element inet dsec sb_abc_a4 { 192.0.2.0/24 . tcp . 80-443 }"),
+            "{s}"
+        );
+        assert!(
+            s.contains("add element inet dsec sb_abc_a6 { fd01::/64 . udp . 53-53 }"),
+            "{s}"
+        );
+        assert!(
+            s.contains("add element inet dsec sb_abc_i4 { 198.51.100.1/32 }"),
+            "{s}"
+        );
+        assert!(s.contains("\"dsvabc\" : jump sb_abc }"));
+        assert!(
+            s.trim_end()
+                .lines()
+                .filter(|l| l.contains("counter name sb_abc_denied drop"))
+                .count()
+                >= 4
+        );
+        let open = rules_script(
+            &b,
+            &SandboxRules {
+                mode: NetworkMode::Open,
+                ..r.clone()
+            },
+        );
+        assert!(open.contains("add rule inet dsec sb_abc accept"));
+        // Open mode never reaches the host itself.
+        assert!(!open.contains("jump sb_abc\n"));
+        let d = detach_script(&b, "abc", "dsvabc");
+        assert!(d.contains("delete chain inet dsec sb_abc"));
+        let g = grant_script(
+            &b,
+            "abc",
+            "192.0.2.9".parse().unwrap(),
+            &[80, 443],
+            Duration::from_secs(30),
+        );
+        assert!(
+            g.contains("sb_abc_d4 { 192.0.2.9 . 80 timeout 30s, 192.0.2.9 . 443 timeout 30s }"),
+            "{g}"
+        );
+    }
+
+    #[test]
+    fn counter_output() {
+        let text =
+            "table inet dsec {\n\tcounter sb_abc_denied {\n\t\tpackets 7 bytes 420\n\t}\n}\n";
+        assert_eq!(parse_packets(text), 7);
+        assert_eq!(parse_packets(""), 0);
+    }
+}
