@@ -29,10 +29,12 @@ from .errors import (
     error_from_body,
     error_from_parts,
 )
+from .trajectory import FastForward, StepCounter, content_of, exec_key, shell_key, write_key
 from .types import (
     DSecContainerRunArgs,
     FileInfo,
     ImageInfo,
+    JobOpResult,
     SandboxInfo,
     ShellResult,
     StreamEvent,
@@ -267,12 +269,50 @@ class DSecClient:
         return [SandboxInfo.from_json(d) for d in doc.get("sandboxes", []) if isinstance(d, dict)]
 
     async def attach(self, sandbox_id: str) -> "Sandbox":
-        """A :class:`Sandbox` handle for an existing sandbox (e.g. after a trainer restart)."""
-        return Sandbox(self, await self.get_sandbox(sandbox_id))
+        """A :class:`Sandbox` handle for an existing sandbox (e.g. after a trainer restart).
+
+        Its step numbering restarts at 1 and ``last_completed_step`` tells how far the sandbox
+        got: replaying the same script fast-forwards through the completed steps (recorded
+        results, nothing runs twice) and continues from there."""
+        sb = Sandbox(self, await self.get_sandbox(sandbox_id))
+        await sb.fast_forward()
+        return sb
 
     async def stop_sandbox(self, sandbox_id: str) -> SandboxInfo:
         resp = await self._request("DELETE", f"/v1/sandboxes/{_seg(sandbox_id)}")
         return SandboxInfo.from_json(self._json(resp))
+
+    async def pause_sandbox(self, sandbox_id: str) -> SandboxInfo:
+        resp = await self._request("POST", f"/v1/sandboxes/{_seg(sandbox_id)}/pause")
+        return SandboxInfo.from_json(self._json(resp))
+
+    async def resume_sandbox(self, sandbox_id: str) -> SandboxInfo:
+        resp = await self._request("POST", f"/v1/sandboxes/{_seg(sandbox_id)}/resume")
+        return SandboxInfo.from_json(self._json(resp))
+
+    async def _job(self, op: str, labels: Mapping[str, str], timeout: float) -> JobOpResult:
+        if not labels:
+            raise ValueError("labels must name at least one label")
+        resp = await self._request(
+            "POST",
+            f"/v1/jobs/{op}",
+            json_body={"labels": dict(labels)},
+            timeout=httpx.Timeout(timeout, connect=10.0),
+        )
+        return JobOpResult.from_json(self._json(resp))
+
+    async def pause(self, labels: Mapping[str, str], timeout: float = 600.0) -> JobOpResult:
+        """Pauses every sandbox (on every node) whose labels include all of ``labels``:
+        the trainer's preemption hook. Returns counts and failures."""
+        return await self._job("pause", labels, timeout)
+
+    async def resume(self, labels: Mapping[str, str], timeout: float = 600.0) -> JobOpResult:
+        """Resumes every paused sandbox whose labels include all of ``labels``."""
+        return await self._job("resume", labels, timeout)
+
+    async def stop(self, labels: Mapping[str, str], timeout: float = 600.0) -> JobOpResult:
+        """Stops every sandbox whose labels include all of ``labels``."""
+        return await self._job("stop", labels, timeout)
 
     # -- images and nodes ---------------------------------------------------------------------
 
@@ -397,6 +437,68 @@ class Sandbox:
     def __init__(self, client: DSecClient, info: SandboxInfo):
         self._client = client
         self.info = info
+        #: Number every call (1, 2, 3, ...) for trajectory fast-forward; False sends no step ids.
+        self.auto_step = True
+        self._steps = StepCounter()
+        self._ff: Optional[FastForward] = None
+        #: Highest completed step when the handle was attached (``None``: none).
+        self.last_completed_step: Optional[int] = None
+
+    def _step(self, step: Optional[int]) -> Optional[int]:
+        return self._steps.next(step) if (self.auto_step or step is not None) else None
+
+    def _local(self, step: Optional[int], kind: str, key: Dict[str, Any]) -> Optional[Dict[str, Any]]:
+        return self._ff.lookup(step, kind, key) if self._ff is not None else None
+
+    # -- trajectory ---------------------------------------------------------------------------
+
+    async def last_step(self) -> Dict[str, Any]:
+        """``{"last_completed_step", "running_steps", "records", "enabled"}`` from the edge."""
+        resp = await self._client._request("GET", self._path("/trajectory/last_step"))
+        return self._client._json(resp)
+
+    async def trajectory(
+        self,
+        from_step: Optional[int] = None,
+        to_step: Optional[int] = None,
+        kind: Union[str, Sequence[str], None] = None,
+        since: Optional[float] = None,
+        until: Optional[float] = None,
+        path: Optional[str] = None,
+    ) -> List[Dict[str, Any]]:
+        """The sandbox's trajectory log as records (dicts), oldest first. ``since``/``until`` are
+        Unix times; ``path`` answers which call last wrote that file."""
+        params: Dict[str, str] = {}
+        if from_step is not None:
+            params["from"] = str(int(from_step))
+        if to_step is not None:
+            params["to"] = str(int(to_step))
+        if kind:
+            params["kind"] = kind if isinstance(kind, str) else ",".join(kind)
+        if since is not None:
+            params["since"] = repr(float(since))
+        if until is not None:
+            params["until"] = repr(float(until))
+        if path is not None:
+            params["path"] = path
+        resp = await self._client._request("GET", self._path("/trajectory"), params=params, timeout=httpx.Timeout(600.0, connect=10.0))
+        out = []
+        for line in resp.text.splitlines():
+            if line.strip():
+                out.append(json.loads(line))
+        return out
+
+    async def fast_forward(self) -> Optional[int]:
+        """Restarts step numbering at 1 and fetches the completed steps (one request) so that
+        replayed calls are answered locally. Returns ``last_completed_step``."""
+        self._steps = StepCounter()
+        info = await self.last_step()
+        self.last_completed_step = info.get("last_completed_step")
+        if info.get("enabled") and self.last_completed_step is not None:
+            self._ff = FastForward(await self.trajectory(from_step=1, to_step=self.last_completed_step))
+        else:
+            self._ff = None
+        return self.last_completed_step
 
     @property
     def id(self) -> str:
@@ -415,6 +517,37 @@ class Sandbox:
     async def stop(self) -> SandboxInfo:
         self.info = await self._client.stop_sandbox(self.id)
         return self.info
+
+    async def pause(self) -> SandboxInfo:
+        """Freezes the sandbox and gives its memory back; ``info.last_pause`` reports memory
+        before and after. Any later request resumes it transparently."""
+        self.info = await self._client.pause_sandbox(self.id)
+        return self.info
+
+    async def resume(self) -> SandboxInfo:
+        self.info = await self._client.resume_sandbox(self.id)
+        return self.info
+
+    async def network(self) -> Dict[str, Any]:
+        """The sandbox's network mode, rules, addresses and denied counters."""
+        resp = await self._client._request("GET", self._path("/network"))
+        return resp.json()
+
+    async def set_network_rules(
+        self,
+        rules: Optional[List[Mapping[str, Any]]] = None,
+        groups: Optional[Mapping[str, bool]] = None,
+        mode: Optional[str] = None,
+    ) -> Dict[str, Any]:
+        """Replaces the allow rules (``[{"cidr": "192.0.2.0/24", "ports": "443", "protocol": "tcp"}]``)
+        and, when given, the domain groups (``{"pypi": True}``); effective for new connections at once."""
+        body: Dict[str, Any] = {"rules": list(rules or [])}
+        if groups is not None:
+            body["groups"] = dict(groups)
+        if mode is not None:
+            body["mode"] = mode
+        resp = await self._client._request("PUT", self._path("/network"), json_body=body)
+        return resp.json()
 
     async def pack_diff(self, name: str, exclude: Optional[List[str]] = None, timeout: float = 3600.0) -> ImageInfo:
         """Turns this sandbox's writable layer into a new layer and registers image ``name`` =
@@ -456,9 +589,16 @@ class Sandbox:
         jobs persist between calls). A command that runs past ``timeout`` seconds (server default
         60) is killed and comes back with ``timed_out=True``, or raises :class:`CommandTimeout`
         when ``raise_on_timeout`` is set."""
+        step = self._step(step)
+        rec = self._local(step, "shell", shell_key(cmd, session, cwd, env, stdin))
+        if rec is not None:
+            result = ShellResult.from_json(rec.get("result") or {})
+            result.replayed = True
+            return _check_timeout(result, f"command {cmd[:80]!r}", timeout, raise_on_timeout)
         body = _shell_body(cmd, session, timeout, env, cwd, stdin, max_output_bytes, step)
         resp = await self._client._request("POST", self._path("/shell"), json_body=body, timeout=_http_timeout(timeout))
         result = ShellResult.from_json(self._client._json(resp))
+        result.replayed = resp.headers.get("x-dsec-replayed") == "true"
         return _check_timeout(result, f"command {cmd[:80]!r}", timeout, raise_on_timeout)
 
     async def exec(
@@ -475,9 +615,18 @@ class Sandbox:
         step: Optional[int] = None,
     ) -> ShellResult:
         """Runs ``argv`` directly (no shell). ``stdin`` may be text or bytes."""
+        step = self._step(step)
+        if isinstance(argv, str):
+            raise TypeError("exec takes an argv list, e.g. ['ls', '-l']; use run_shell for a command line")
+        rec = self._local(step, "exec", exec_key(argv, cwd, env, stdin, user))
+        if rec is not None:
+            result = ShellResult.from_json(rec.get("result") or {})
+            result.replayed = True
+            return _check_timeout(result, f"exec {list(argv)[:4]!r}", timeout, raise_on_timeout)
         body = _exec_body(argv, timeout, env, cwd, stdin, user, max_output_bytes, step)
         resp = await self._client._request("POST", self._path("/exec"), json_body=body, timeout=_http_timeout(timeout))
         result = ShellResult.from_json(self._client._json(resp))
+        result.replayed = resp.headers.get("x-dsec-replayed") == "true"
         return _check_timeout(result, f"exec {list(argv)[:4]!r}", timeout, raise_on_timeout)
 
     async def stream_shell(
@@ -537,22 +686,44 @@ class Sandbox:
 
     # -- files --------------------------------------------------------------------------------
 
-    async def write_file(self, path: str, data: Union[bytes, str], mode: int = 0o644) -> FileInfo:
+    async def write_file(
+        self, path: str, data: Union[bytes, str], mode: int = 0o644, *, step: Optional[int] = None
+    ) -> FileInfo:
         """Writes ``data`` (bytes, or text as UTF-8) to ``path`` with permission bits ``mode``."""
         if isinstance(data, str):
             data = data.encode("utf-8")
+        data = bytes(data)
+        step = self._step(step)
+        rec = self._local(step, "write_file", write_key(path, mode, data))
+        if rec is not None:
+            return FileInfo.from_json(rec.get("result") or {})
+        params = {"path": path, "mode": _mode_text(mode)}
+        if step is not None:
+            params["step"] = str(step)
         resp = await self._client._request(
             "PUT",
             self._path("/files"),
-            params={"path": path, "mode": _mode_text(mode)},
-            content=bytes(data),
+            params=params,
+            content=data,
             headers={"content-type": "application/octet-stream"},
         )
         return FileInfo.from_json(self._client._json(resp))
 
-    async def read_file(self, path: str) -> bytes:
-        resp = await self._client._request("GET", self._path("/files"), params={"path": path})
+    async def read_file(self, path: str, *, step: Optional[int] = None) -> bytes:
+        step = self._step(step)
+        rec = self._local(step, "read_file", {"path": path})
+        if rec is not None:
+            content = content_of(rec)
+            if content is not None:
+                return content
+        resp = await self._client._request("GET", self._path("/files"), params=self._step_params({"path": path}, step))
         return resp.content
+
+    @staticmethod
+    def _step_params(params: Dict[str, str], step: Optional[int]) -> Dict[str, str]:
+        if step is not None:
+            params["step"] = str(step)
+        return params
 
     async def upload(
         self, local_path: PathLike, remote_path: str, mode: Optional[int] = None, timeout: float = 3600.0
@@ -605,33 +776,47 @@ class Sandbox:
             raise TransportError(f"GET {path}: connection to the API server failed: {e}") from e
         return written
 
-    async def list_files(self, path: str) -> List[FileInfo]:
-        resp = await self._client._request("GET", self._path("/files/list"), params={"path": path})
-        doc = self._client._json(resp)
+    async def list_files(self, path: str, *, step: Optional[int] = None) -> List[FileInfo]:
+        step = self._step(step)
+        rec = self._local(step, "list_files", {"path": path})
+        if rec is not None:
+            doc = rec.get("result") or {}
+        else:
+            resp = await self._client._request(
+                "GET", self._path("/files/list"), params=self._step_params({"path": path}, step)
+            )
+            doc = self._client._json(resp)
         return [FileInfo.from_json(d) for d in doc.get("entries", []) if isinstance(d, dict)]
 
-    async def stat(self, path: str) -> FileInfo:
-        resp = await self._client._request("GET", self._path("/files/stat"), params={"path": path})
+    async def stat(self, path: str, *, step: Optional[int] = None) -> FileInfo:
+        step = self._step(step)
+        rec = self._local(step, "stat", {"path": path})
+        if rec is not None:
+            return FileInfo.from_json(rec.get("result") or {})
+        resp = await self._client._request("GET", self._path("/files/stat"), params=self._step_params({"path": path}, step))
         return FileInfo.from_json(self._client._json(resp))
 
-    async def exists(self, path: str) -> bool:
+    async def exists(self, path: str, *, step: Optional[int] = None) -> bool:
         from .errors import FileNotFound
 
         try:
-            await self.stat(path)
+            await self.stat(path, step=step)
             return True
         except FileNotFound:
             return False
 
-    async def remove(self, path: str, recursive: bool = False) -> None:
-        await self._client._request(
-            "DELETE", self._path("/files"), params={"path": path, "recursive": "true" if recursive else "false"}
-        )
+    async def remove(self, path: str, recursive: bool = False, *, step: Optional[int] = None) -> None:
+        step = self._step(step)
+        if self._local(step, "remove", {"path": path, "recursive": bool(recursive)}) is not None:
+            return
+        params = {"path": path, "recursive": "true" if recursive else "false"}
+        await self._client._request("DELETE", self._path("/files"), params=self._step_params(params, step))
 
-    async def mkdir(self, path: str, parents: bool = True, mode: int = 0o755) -> FileInfo:
-        resp = await self._client._request(
-            "POST",
-            self._path("/files/mkdir"),
-            params={"path": path, "mode": _mode_text(mode), "parents": "true" if parents else "false"},
-        )
+    async def mkdir(self, path: str, parents: bool = True, mode: int = 0o755, *, step: Optional[int] = None) -> FileInfo:
+        step = self._step(step)
+        rec = self._local(step, "mkdir", {"path": path, "mode": mode & 0o7777, "parents": bool(parents)})
+        if rec is not None:
+            return FileInfo.from_json(rec.get("result") or {})
+        params = {"path": path, "mode": _mode_text(mode), "parents": "true" if parents else "false"}
+        resp = await self._client._request("POST", self._path("/files/mkdir"), params=self._step_params(params, step))
         return FileInfo.from_json(self._client._json(resp))

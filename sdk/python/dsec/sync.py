@@ -118,6 +118,22 @@ class DSecClient:
     def stop_sandbox(self, sandbox_id: str) -> SandboxInfo:
         return self._run(self._aclient.stop_sandbox(sandbox_id))
 
+    def pause_sandbox(self, sandbox_id: str) -> SandboxInfo:
+        return self._run(self._aclient.pause_sandbox(sandbox_id))
+
+    def resume_sandbox(self, sandbox_id: str) -> SandboxInfo:
+        return self._run(self._aclient.resume_sandbox(sandbox_id))
+
+    def pause(self, labels: Mapping[str, str], timeout: float = 600.0) -> Any:
+        """Pauses every sandbox whose labels include ``labels`` (a :class:`dsec.JobOpResult`)."""
+        return self._run(self._aclient.pause(labels, timeout=timeout))
+
+    def resume(self, labels: Mapping[str, str], timeout: float = 600.0) -> Any:
+        return self._run(self._aclient.resume(labels, timeout=timeout))
+
+    def stop(self, labels: Mapping[str, str], timeout: float = 600.0) -> Any:
+        return self._run(self._aclient.stop(labels, timeout=timeout))
+
     def list_images(self) -> List[ImageInfo]:
         return self._run(self._aclient.list_images())
 
@@ -158,6 +174,23 @@ class Sandbox:
     def stop(self) -> SandboxInfo:
         return self._run(self._inner.stop())
 
+    def pause(self) -> SandboxInfo:
+        return self._run(self._inner.pause())
+
+    def resume(self) -> SandboxInfo:
+        return self._run(self._inner.resume())
+
+    def network(self) -> Dict[str, Any]:
+        return self._run(self._inner.network())
+
+    def set_network_rules(
+        self,
+        rules: Optional[List[Mapping[str, Any]]] = None,
+        groups: Optional[Mapping[str, bool]] = None,
+        mode: Optional[str] = None,
+    ) -> Dict[str, Any]:
+        return self._run(self._inner.set_network_rules(rules, groups=groups, mode=mode))
+
     def pack_diff(self, name: str, exclude: Optional[List[str]] = None, timeout: float = 3600.0) -> ImageInfo:
         return self._run(self._inner.pack_diff(name, exclude=exclude, timeout=timeout))
 
@@ -185,11 +218,33 @@ class Sandbox:
     def close_session(self, session: str) -> None:
         self._run(self._inner.close_session(session))
 
-    def write_file(self, path: str, data: Union[bytes, str], mode: int = 0o644) -> FileInfo:
-        return self._run(self._inner.write_file(path, data, mode))
+    @property
+    def last_completed_step(self) -> Optional[int]:
+        return self._inner.last_completed_step
 
-    def read_file(self, path: str) -> bytes:
-        return self._run(self._inner.read_file(path))
+    @property
+    def auto_step(self) -> bool:
+        return self._inner.auto_step
+
+    @auto_step.setter
+    def auto_step(self, value: bool) -> None:
+        self._inner.auto_step = value
+
+    def last_step(self) -> Dict[str, Any]:
+        return self._run(self._inner.last_step())
+
+    def trajectory(self, **kwargs: Any) -> List[Dict[str, Any]]:
+        """See :meth:`dsec.client.Sandbox.trajectory`."""
+        return self._run(self._inner.trajectory(**kwargs))
+
+    def fast_forward(self) -> Optional[int]:
+        return self._run(self._inner.fast_forward())
+
+    def write_file(self, path: str, data: Union[bytes, str], mode: int = 0o644, **kwargs: Any) -> FileInfo:
+        return self._run(self._inner.write_file(path, data, mode, **kwargs))
+
+    def read_file(self, path: str, **kwargs: Any) -> bytes:
+        return self._run(self._inner.read_file(path, **kwargs))
 
     def upload(self, local_path: Any, remote_path: str, mode: Optional[int] = None, timeout: float = 3600.0) -> FileInfo:
         return self._run(self._inner.upload(local_path, remote_path, mode, timeout))
@@ -197,17 +252,17 @@ class Sandbox:
     def download(self, remote_path: str, local_path: Any, timeout: float = 3600.0) -> int:
         return self._run(self._inner.download(remote_path, local_path, timeout))
 
-    def list_files(self, path: str) -> List[FileInfo]:
-        return self._run(self._inner.list_files(path))
+    def list_files(self, path: str, **kwargs: Any) -> List[FileInfo]:
+        return self._run(self._inner.list_files(path, **kwargs))
 
-    def stat(self, path: str) -> FileInfo:
-        return self._run(self._inner.stat(path))
+    def stat(self, path: str, **kwargs: Any) -> FileInfo:
+        return self._run(self._inner.stat(path, **kwargs))
 
-    def exists(self, path: str) -> bool:
-        return self._run(self._inner.exists(path))
+    def exists(self, path: str, **kwargs: Any) -> bool:
+        return self._run(self._inner.exists(path, **kwargs))
 
-    def remove(self, path: str, recursive: bool = False) -> None:
-        self._run(self._inner.remove(path, recursive))
+    def remove(self, path: str, recursive: bool = False, **kwargs: Any) -> None:
+        self._run(self._inner.remove(path, recursive, **kwargs))
 
-    def mkdir(self, path: str, parents: bool = True, mode: int = 0o755) -> FileInfo:
-        return self._run(self._inner.mkdir(path, parents, mode))
+    def mkdir(self, path: str, parents: bool = True, mode: int = 0o755, **kwargs: Any) -> FileInfo:
+        return self._run(self._inner.mkdir(path, parents, mode, **kwargs))

@@ -30,6 +30,8 @@ class DSecContainerRunArgs:
     pids_limit: Optional[int] = None
     ttl_running_stop: Optional[int] = None
     ttl_total: Optional[int] = None
+    #: What ``ttl_running_stop`` does when it fires: ``"stop"`` (default) or ``"pause"``.
+    ttl_action: Optional[str] = None
     network_rules: Optional[Dict[str, bool]] = None
     init_user: Optional[str] = None
     hostname: Optional[str] = None
@@ -38,6 +40,12 @@ class DSecContainerRunArgs:
     workspace: Optional[str] = None
     toolkits: Optional[List[str]] = None
     idempotency_key: Optional[str] = None
+    #: ``{"mode": "allowlist"|"open"|"none", "rules": [{"cidr": ..., "ports": ..., "protocol": ...}]}``
+    network: Optional[Dict[str, Any]] = None
+    #: Paths kept read-only even to root inside (Landlock), e.g. ``["/tests", "/bin/bash"]``.
+    protected_paths: Optional[List[str]] = None
+    #: Size limit of the writable layer in MiB (ENOSPC past it).
+    disk_limit_mb: Optional[int] = None
 
     def to_json(self) -> Dict[str, Any]:
         """The JSON body of the create call (``container_image`` becomes ``image``)."""
@@ -77,6 +85,15 @@ class SandboxInfo:
     created_at: str = ""
     create_ms: Optional[float] = None
     reason: Optional[str] = None
+    ttl_action: str = "stop"
+    #: RFC 3339 time of the last request (the idle clock).
+    last_request_at: Optional[str] = None
+    #: RFC 3339 time the sandbox was paused (while paused).
+    paused_at: Optional[str] = None
+    #: Memory report of the last pause: ``memory_before_bytes``, ``memory_after_bytes``,
+    #: ``page_cache_before_bytes``, ``page_cache_after_bytes``, ``anon_before_bytes``,
+    #: ``anon_after_bytes``, ``method``, ``pause_ms``.
+    last_pause: Optional[Dict[str, Any]] = None
     raw: Dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
 
     @classmethod
@@ -113,6 +130,8 @@ class ShellResult:
     stderr_total_bytes: int = 0
     stdout_b64: Optional[str] = field(default=None, repr=False)
     stderr_b64: Optional[str] = field(default=None, repr=False)
+    #: Answered from the trajectory log: this step had already run (nothing ran again).
+    replayed: bool = False
 
     @classmethod
     def from_json(cls, doc: Dict[str, Any]) -> "ShellResult":
@@ -218,5 +237,23 @@ class ImageInfo:
 
     @classmethod
     def from_json(cls, doc: Dict[str, Any]) -> "ImageInfo":
+        known = {f.name for f in fields(cls)}
+        return cls(**{k: v for k, v in doc.items() if k in known and v is not None})
+
+
+@dataclass
+class JobOpResult:
+    """Answer of a job-level operation (:meth:`dsec.DSecClient.pause` and friends)."""
+
+    matched: int = 0
+    succeeded: int = 0
+    #: ``[{"id": ..., "error": {"code": ..., "message": ...}}, ...]``
+    failed: List[Dict[str, Any]] = field(default_factory=list)
+    sandboxes: List[str] = field(default_factory=list)
+    unreachable_nodes: List[str] = field(default_factory=list)
+    duration_ms: float = 0.0
+
+    @classmethod
+    def from_json(cls, doc: Dict[str, Any]) -> "JobOpResult":
         known = {f.name for f in fields(cls)}
         return cls(**{k: v for k, v in doc.items() if k in known and v is not None})

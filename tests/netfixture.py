@@ -1,0 +1,137 @@
+"""A `dsec up` with sandbox networking configured, plus test servers for made-up `*.test`
+domains in their own network namespace (never real hosts). Shared by tests/test_network.py
+and tests/redteam/."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import tempfile
+import time
+from typing import List
+
+from helpers import DsecUp, new_data_dir, remove_data_dir
+
+SRV_NS = "dsnt-srv"
+HOST_IF = "dsnth0"
+PYPI = "198.18.7.2"
+NPM = "198.18.7.3"
+PYPI6 = "fd42:7::2"
+TABLE = "dsectest"
+
+CONFIG = f"""
+[edge]
+default_disk_limit_mb = 0
+
+[edge.network]
+subnet_v4 = "10.231.0.0/16"
+subnet_v6 = "fd00:d5ed::/64"
+table = "{TABLE}"
+veth_prefix = "dst"
+gateway_interface = "dsect0"
+dns_ttl_s = 30
+domain_ports = [80]
+
+[edge.network.groups]
+pypi = ["pypi.test", "*.pypi.test"]
+npm = ["npm.test"]
+
+[edge.network.hosts]
+"pypi.test" = "{PYPI}, {PYPI6}"
+"files.pypi.test" = "{PYPI}"
+"npm.test" = "{NPM}"
+"""
+
+
+def sh(cmd: str, check: bool = True) -> subprocess.CompletedProcess:
+    return subprocess.run(cmd, shell=True, capture_output=True, text=True, check=check)
+
+
+class TestServers:
+    """HTTP servers on 198.18.7.2 (:80, :8080), 198.18.7.3 (:80) and [fd42:7::2]:80."""
+
+    def __init__(self) -> None:
+        self.procs: List[subprocess.Popen] = []
+        self.dir = tempfile.mkdtemp(prefix="dsec-srv-")
+
+    def start(self) -> "TestServers":
+        self.stop_ns()
+        for c in [
+            f"ip netns add {SRV_NS}",
+            f"ip link add {HOST_IF} type veth peer name eth0 netns {SRV_NS}",
+            f"ip addr add 198.18.7.1/24 dev {HOST_IF}",
+            f"ip -6 addr add fd42:7::1/64 dev {HOST_IF} nodad",
+            f"ip link set {HOST_IF} up",
+            f"ip -n {SRV_NS} addr add {PYPI}/24 dev eth0",
+            f"ip -n {SRV_NS} addr add {NPM}/24 dev eth0",
+            f"ip -n {SRV_NS} -6 addr add {PYPI6}/64 dev eth0 nodad",
+            f"ip -n {SRV_NS} link set eth0 up",
+            f"ip -n {SRV_NS} link set lo up",
+            f"ip -n {SRV_NS} route add default via 198.18.7.1",
+        ]:
+            sh(c)
+        with open(os.path.join(self.dir, "index.html"), "w") as f:
+            f.write("reference-solution-42\n")
+        for addr, port in [(PYPI, 80), (PYPI, 8080), (NPM, 80), (PYPI6, 80)]:
+            p = subprocess.Popen(
+                ["ip", "netns", "exec", SRV_NS, "python3", "-m", "http.server", str(port), "--bind", addr],
+                cwd=self.dir, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+            )
+            self.procs.append(p)
+        deadline = time.monotonic() + 10
+        for addr, port in [(PYPI, 80), (PYPI, 8080), (NPM, 80)]:
+            while sh(f"curl -s -m 1 http://{addr}:{port}/ || wget -q -T 1 -O - http://{addr}:{port}/", check=False).returncode != 0:
+                if time.monotonic() > deadline:
+                    raise RuntimeError(f"test server {addr}:{port} did not come up")
+                time.sleep(0.1)
+        return self
+
+    def stop_ns(self) -> None:
+        sh(f"ip link del {HOST_IF}", check=False)
+        sh(f"ip netns del {SRV_NS}", check=False)
+
+    def stop(self) -> None:
+        for p in self.procs:
+            p.terminate()
+        for p in self.procs:
+            try:
+                p.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                p.kill()
+        self.stop_ns()
+
+
+class NetUp(DsecUp):
+    """`dsec up --config <network config>` (a wrapper script adds the flag)."""
+
+    def __init__(self, binary: str, tag: str) -> None:
+        data = new_data_dir(tag)
+        os.makedirs(data, exist_ok=True)
+        cfg = os.path.join(data, "dsec.toml")
+        with open(cfg, "w") as f:
+            f.write(CONFIG)
+        wrapper = os.path.join(data, "dsec-wrapper.sh")
+        with open(wrapper, "w") as f:
+            f.write(f'#!/bin/sh\nif [ "$1" = up ]; then exec {binary} "$@" --config {cfg}; fi\nexec {binary} "$@"\n')
+        os.chmod(wrapper, 0o755)
+        super().__init__(wrapper, data, tag)
+
+    def finish(self) -> int:
+        rc = self.stop()
+        remove_data_dir(self.data_dir)
+        # Nothing of the table, namespaces or veths may stay behind.
+        left = sh(f"nft list table inet {TABLE}", check=False).returncode == 0
+        nss = [n for n in os.listdir("/run/netns") if n.startswith(TABLE + "-")] if os.path.isdir("/run/netns") else []
+        veths = [n for n in os.listdir("/sys/class/net") if n.startswith("dst")]
+        assert not nss and not veths, f"leftover namespaces {nss} veths {veths}"
+        _ = left  # the base table may stay (an edge owns it across runs); sandbox chains are gone
+        return rc
+
+
+def denied(sb) -> int:
+    return int(sb.network()["denied_packets"])
+
+
+def run(sb, cmd: str, timeout: float = 30) -> tuple:
+    r = sb.run_shell(cmd, timeout=timeout)
+    return r.exit_code, r.stdout + r.stderr
