@@ -48,6 +48,8 @@ def sh(cmd: str, check: bool = True) -> subprocess.CompletedProcess:
 
 
 class TestServers:
+    __test__ = False
+
     """HTTP servers on 198.18.7.2 (:80, :8080), 198.18.7.3 (:80) and [fd42:7::2]:80."""
 
     def __init__(self) -> None:
@@ -80,7 +82,7 @@ class TestServers:
             self.procs.append(p)
         deadline = time.monotonic() + 10
         for addr, port in [(PYPI, 80), (PYPI, 8080), (NPM, 80)]:
-            while sh(f"curl -s -m 1 http://{addr}:{port}/ || wget -q -T 1 -O - http://{addr}:{port}/", check=False).returncode != 0:
+            while sh(f"python3 -c 'import urllib.request as u; u.urlopen(\"http://{addr}:{port}/\", timeout=1)'", check=False).returncode != 0:
                 if time.monotonic() > deadline:
                     raise RuntimeError(f"test server {addr}:{port} did not come up")
                 time.sleep(0.1)
