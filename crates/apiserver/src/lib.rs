@@ -17,6 +17,7 @@ pub mod config;
 pub mod db;
 pub mod error;
 pub mod forward;
+pub mod jobs;
 pub mod metrics;
 pub mod placement;
 pub mod routes;

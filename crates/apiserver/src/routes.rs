@@ -65,6 +65,7 @@ pub fn router(state: AppState) -> Router {
             put(images_stream).delete(images_simple),
         )
         .route("/v1/nodes", get(nodes))
+        .route("/v1/jobs/{op}", post(crate::jobs::job))
         .route_layer(middleware::from_fn_with_state(state.clone(), require_key));
     Router::new()
         .merge(v1)

@@ -56,6 +56,7 @@ fn info(id: &str) -> SandboxInfo {
         created_at: "2024-01-01T00:00:00Z".into(),
         create_ms: Some(1.0),
         reason: None,
+        ..Default::default()
     }
 }
 

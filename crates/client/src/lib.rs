@@ -600,6 +600,42 @@ impl Client {
 
     // ---- nodes
 
+    // ---- trajectory
+
+    /// A sandbox's trajectory log; `query` takes `from`, `to`, `kind`, `since`, `until`, `path`.
+    pub async fn trajectory(
+        &self,
+        id: &str,
+        query: &[(&str, String)],
+    ) -> Result<Vec<dsec_wire::api::TrajectoryRecord>> {
+        let mut url = self.sandbox_url(id, &["trajectory"])?;
+        if !query.is_empty() {
+            url.query_pairs_mut().extend_pairs(query.iter().map(|(k, v)| (*k, v.as_str())));
+        }
+        let resp = check(self.send(self.request(Method::GET, url.clone())).await?).await?;
+        let text = resp.text().await.map_err(|e| transport(&url, e))?;
+        text.lines()
+            .filter(|l| !l.trim().is_empty())
+            .map(|l| {
+                serde_json::from_str(l).map_err(|e| {
+                    ClientError::Config(format!("bad trajectory line from the server: {e}"))
+                })
+            })
+            .collect()
+    }
+
+    pub async fn last_step(&self, id: &str) -> Result<dsec_wire::api::LastStep> {
+        let url = self.sandbox_url(id, &["trajectory", "last_step"])?;
+        json(self.send(self.request(Method::GET, url)).await?).await
+    }
+
+    /// Content a trajectory record keeps by digest (`record.blobs`).
+    pub async fn trajectory_blob(&self, id: &str, digest: &str) -> Result<Vec<u8>> {
+        let url = self.sandbox_url(id, &["trajectory", "blobs", digest])?;
+        let resp = check(self.send(self.request(Method::GET, url.clone())).await?).await?;
+        Ok(resp.bytes().await.map_err(|e| transport(&url, e))?.to_vec())
+    }
+
     pub async fn nodes(&self) -> Result<NodeList> {
         json(
             self.send(self.request(Method::GET, self.url(&["v1", "nodes"])?))

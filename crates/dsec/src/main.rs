@@ -83,6 +83,10 @@ pub enum Command {
     Ps(cmd::sandbox::PsArgs),
     /// Stop sandboxes.
     Stop(cmd::sandbox::StopArgs),
+    /// Pause sandboxes (by id, or every sandbox matching --label): freeze and give memory back.
+    Pause(cmd::pause::PauseArgs),
+    /// Resume paused sandboxes (by id or --label).
+    Resume(cmd::pause::PauseArgs),
     /// Copy a file into or out of a sandbox (one side is ID:/path).
     Cp(cmd::cp::CpArgs),
     /// Manage images.
@@ -90,6 +94,11 @@ pub enum Command {
     Image(cmd::image::ImageCommand),
     /// List nodes (edges) as the apiserver sees them.
     Nodes(cmd::nodes::NodesArgs),
+    /// Show a sandbox's trajectory log (every call and its result); `--path` tells which call
+    /// last wrote a file.
+    Trajectory(cmd::trajectory::TrajectoryArgs),
+    /// Re-execute a trajectory (JSONL) in a fresh sandbox and report every step that differs.
+    Replay(cmd::trajectory::ReplayArgs),
 }
 
 #[derive(Args, Debug)]
@@ -207,9 +216,13 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Shell(a) => cmd::shell::shell(&connect::client(&g)?, a).await,
         Command::Ps(a) => cmd::sandbox::ps(&connect::client(&g)?, a).await,
         Command::Stop(a) => cmd::sandbox::stop(&connect::client(&g)?, a).await,
+        Command::Pause(a) => cmd::pause::pause(&connect::client(&g)?, a).await,
+        Command::Resume(a) => cmd::pause::resume(&connect::client(&g)?, a).await,
         Command::Cp(a) => cmd::cp::cp(&connect::client(&g)?, a).await,
         Command::Image(c) => cmd::image::image(&connect::client(&g)?, c).await,
         Command::Nodes(a) => cmd::nodes::nodes(&connect::client(&g)?, a).await,
+        Command::Trajectory(a) => cmd::trajectory::trajectory(&connect::client(&g)?, a).await,
+        Command::Replay(a) => cmd::trajectory::replay(&connect::client(&g)?, a).await,
     }
 }
 

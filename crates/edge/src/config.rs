@@ -53,6 +53,8 @@ pub struct EdgeConfig {
     pub tombstones: usize,
     /// Labels reported in the node status (placement filters on them).
     pub labels: BTreeMap<String, String>,
+    /// `[edge.trajectory]`: the per-sandbox call log (see [`crate::trajectory`]).
+    pub trajectory: crate::trajectory::TrajectoryConfig,
     /// Where layer data blobs live: `local` (`<data_dir>/edge/images/blobs`), `local:/dir`,
     /// or `posix:/mounted/dir` (a distributed file system; blocks are read on demand).
     pub image_blob_store: String,
@@ -99,6 +101,7 @@ impl Default for EdgeConfig {
             max_upload_bytes: 10 * 1024 * 1024 * 1024,
             tombstones: 512,
             labels: BTreeMap::new(),
+            trajectory: Default::default(),
             image_blob_store: "local".to_string(),
             reattach_grace_ms: 60_000,
             reclaim_on_pause: true,

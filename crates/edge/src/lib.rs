@@ -26,6 +26,7 @@
 
 pub mod commands;
 pub mod config;
+pub mod disk;
 pub mod error;
 pub mod files;
 pub mod http;
@@ -135,6 +136,7 @@ impl Edge {
         images.cleanup_stale_mounts()?;
         let reaped = manager.recover().await;
         ttl::spawn(&manager);
+        manager.trajectory().spawn_background();
         images.ensure_busybox().await?;
         tracing::info!(node = %cfg.node_id, reaped = reaped.len(), "edge started");
         Ok(Edge {

@@ -385,6 +385,8 @@ pub struct Manager {
     metrics: Arc<Metrics>,
     state: Mutex<State>,
     shutting_down: AtomicBool,
+    traj: Arc<crate::trajectory::Trajectories>,
+    net: Arc<crate::network::Network>,
 }
 
 impl Manager {
@@ -394,7 +396,13 @@ impl Manager {
         images: Arc<ImageStore>,
         metrics: Arc<Metrics>,
     ) -> Self {
+        let traj = Arc::new(crate::trajectory::Trajectories::new(
+            cfg.trajectory.clone(),
+            cfg.edge_dir().join("trajectories"),
+        ));
         Self {
+            traj,
+            net: crate::network::Network::new(cfg.network.clone()),
             cfg,
             driver,
             images,
@@ -410,6 +418,11 @@ impl Manager {
 
     pub fn metrics(&self) -> &Metrics {
         &self.metrics
+    }
+
+    /// The trajectory logs; `trajectory().note(id, kind, request, result)` records a state change.
+    pub fn trajectory(&self) -> &Arc<crate::trajectory::Trajectories> {
+        &self.traj
     }
 
     fn cmd_defaults(&self) -> CommandDefaults {
@@ -468,6 +481,7 @@ impl Manager {
                 }
             }
             tracing::warn!(sandbox = %f.id, reason = %why, "sandbox of an earlier edge run not re-adopted: cleaning it up");
+            crate::disk::release(&f.dir);
             if let Err(e) = remove_dir(&f.dir) {
                 tracing::error!(sandbox = %f.id, dir = %f.dir.display(), error = %e, "remove leftover sandbox dir");
             }
@@ -488,6 +502,7 @@ impl Manager {
             reaped.push(f.id);
         }
         let by_substrate = self.driver.reap_orphans(adopted.clone()).await;
+        crate::network::hook::recover(&self.net, &self.cfg, &adopted).await;
         for id in by_substrate {
             tracing::warn!(sandbox = %id, "substrate reaped leftovers");
             if !reaped.contains(&id) {
@@ -589,6 +604,7 @@ impl Manager {
         match self.build(&id, &req, &v, started).await {
             Ok(entry) => {
                 let info = entry.info();
+                crate::trajectory::hooks::begin(&self.traj, &id, &req, &info);
                 {
                     let mut st = lock(&self.state);
                     st.creating.remove(&id);
@@ -736,6 +752,14 @@ impl Manager {
             let _ = remove_dir(&dir);
             return Err(e);
         }
+        // Network namespace, rules and disk limit (issue 8); rolled back with the directory.
+        let extras = match crate::network::hook::prepare(&self.net, &self.cfg, id, &dir, req).await {
+            Ok(x) => x,
+            Err(e) => {
+                let _ = remove_dir(&dir);
+                return Err(e);
+            }
+        };
         let spec = SandboxSpec {
             id: id.to_string(),
             hostname: info.hostname.clone(),
@@ -745,12 +769,15 @@ impl Manager {
             cpu_cores_limit: v.cpu,
             pids_limit: v.pids,
             user: v.user.clone(),
-            env: req.env.clone(), netns: None, protected_paths: Vec::new(), // I6TEMP
+            env: req.env.clone(),
+            netns: extras.netns.clone(),
+            protected_paths: req.protected_paths.clone(),
         };
         let sandbox = match self.driver.create(spec).await {
             Ok(s) => s,
             Err(e) => {
                 let err = EdgeError::from_create(e);
+                crate::network::hook::release(&self.net, id, &dir).await;
                 if let Err(ce) = remove_dir(&dir) {
                     return Err(EdgeError::Internal(format!(
                         "{err}; cleanup also failed: remove {}: {ce}",
@@ -767,6 +794,7 @@ impl Manager {
         if let Err(e) = records::write(&dir, &record) {
             let err = EdgeError::internal("persist record", &e);
             let destroyed = sandbox.destroy().await;
+            crate::network::hook::release(&self.net, id, &dir).await;
             let removed = remove_dir(&dir);
             if destroyed.is_err() || removed.is_err() {
                 return Err(EdgeError::Internal(format!(
@@ -824,6 +852,7 @@ impl Manager {
         if let Err(e) = entry.sandbox.destroy().await {
             problems.push(format!("destroy: {e}"));
         }
+        crate::network::hook::release(&self.net, &entry.id, &entry.dir).await;
         drop(lock(&entry.lease).take());
         if let Err(e) = remove_dir(&entry.dir) {
             problems.push(format!("remove {}: {e}", entry.dir.display()));
@@ -868,6 +897,7 @@ impl Manager {
             self.tombstone(&mut st, info.clone());
         }
         self.metrics.sandboxes_running.dec();
+        crate::trajectory::hooks::end(&self.traj, &info);
         tracing::info!(sandbox = %entry.id, state = ?info.state, "sandbox ended");
         info
     }
@@ -1114,6 +1144,30 @@ impl Manager {
     }
 
     /// Stops a sandbox; repeating it answers the final info again.
+    /// The sandbox's network policy, addresses and denied counters.
+    pub async fn network_status(
+        &self,
+        id: &str,
+    ) -> Result<dsec_wire::api::NetworkStatus, EdgeError> {
+        let e = self.entry(id)?;
+        let groups = lock(&e.info).network_rules.clone();
+        Ok(self.net.status(id, &groups).await)
+    }
+
+    /// Replaces a running sandbox's network rules (effective for the next new connection).
+    pub async fn set_network(
+        &self,
+        id: &str,
+        spec: dsec_wire::api::NetworkSpec,
+    ) -> Result<dsec_wire::api::NetworkStatus, EdgeError> {
+        let e = self.running(id)?;
+        self.net.update(id, &spec).await?;
+        crate::network::hook::saved(&self.net, id, &e.dir);
+        let st = self.net.status(id, &std::collections::BTreeMap::new()).await;
+        lock(&e.info).network_rules = st.groups.clone();
+        Ok(st)
+    }
+
     pub async fn stop(&self, id: &str) -> Result<SandboxInfo, EdgeError> {
         match self.entry(id) {
             Ok(e) => Ok(self
@@ -1124,18 +1178,64 @@ impl Manager {
         }
     }
 
-    pub async fn shell(&self, id: &str, req: RunShellRequest) -> Result<CommandReply, EdgeError> {
+    pub async fn shell(
+        self: &Arc<Self>,
+        id: &str,
+        req: RunShellRequest,
+    ) -> Result<CommandReply, EdgeError> {
         let e = self.touch(id).await?;
         let (r, stdin) = commands::shell_request(&req, self.cmd_defaults())?;
         self.metrics.commands.with_label_values(&["shell"]).inc();
-        self.run_command(e, r, stdin, req.stream).await
+        let key = crate::trajectory::hooks::shell_key(&req);
+        self.logged_command(id, "shell", &req, key, (req.step, req.stream), e, r, stdin)
+            .await
     }
 
-    pub async fn exec(&self, id: &str, req: ExecRequest) -> Result<CommandReply, EdgeError> {
+    pub async fn exec(
+        self: &Arc<Self>,
+        id: &str,
+        req: ExecRequest,
+    ) -> Result<CommandReply, EdgeError> {
         let e = self.touch(id).await?;
         let (r, stdin) = commands::exec_request(&req, self.cmd_defaults())?;
         self.metrics.commands.with_label_values(&["exec"]).inc();
-        self.run_command(e, r, stdin, req.stream).await
+        let key = crate::trajectory::hooks::exec_key(&req, &stdin);
+        self.logged_command(id, "exec", &req, key, (req.step, req.stream), e, r, stdin)
+            .await
+    }
+
+    /// Runs a command through the trajectory log (fast-forward, recording).
+    #[allow(clippy::too_many_arguments)]
+    async fn logged_command<Q: serde::Serialize>(
+        self: &Arc<Self>,
+        id: &str,
+        kind: &'static str,
+        req: &Q,
+        key: serde_json::Value,
+        (step, stream): (Option<u64>, bool),
+        e: Busy,
+        r: Request,
+        stdin: Bytes,
+    ) -> Result<CommandReply, EdgeError> {
+        use crate::trajectory::{hooks, request_value};
+        let request = request_value(req);
+        if stream && step.is_none() {
+            return match self.run_command(e, r, stdin, true).await? {
+                CommandReply::Stream(s) => Ok(CommandReply::Stream(hooks::record_stream(
+                    &self.traj, id, kind, request, key, s, 1 << 20,
+                ))),
+                other => Ok(other),
+            };
+        }
+        let me = self.clone();
+        let run = move || async move {
+            match me.run_command(e, r, stdin, false).await? {
+                CommandReply::Done(c) | CommandReply::Replayed(c) => Ok(c),
+                CommandReply::Stream(_) => Err(EdgeError::Internal("unexpected stream".into())),
+            }
+        };
+        let a = self.traj.call(id, step, kind, request, key, run).await?;
+        Ok(hooks::command_reply(a, stream))
     }
 
     async fn run_command(
@@ -1186,43 +1286,104 @@ impl Manager {
             .map_err(|err| EdgeError::from_channel(id, Subject::Session, err))
     }
 
+    /// Uploads a file; with a `step` the body is buffered (hashed before it runs or is
+    /// fast-forwarded). Answers whether the result was replayed from the trajectory log.
     pub async fn write_file<S>(
         &self,
         id: &str,
         path: &str,
-        mode: u32,
-        parents: bool,
+        (mode, parents, step): (u32, bool, Option<u64>),
         body: S,
-    ) -> Result<FileInfo, EdgeError>
+    ) -> Result<(FileInfo, bool), EdgeError>
     where
         S: Stream<Item = Result<Bytes, axum::Error>> + Send + Unpin + 'static,
     {
+        use crate::trajectory::{hooks, Written};
         let e = self.touch(id).await?;
-        files::upload(
-            &e.aether,
-            id,
-            path,
-            mode,
-            parents,
-            body,
-            self.cfg.max_upload_bytes,
-        )
-        .await
+        let max = self.cfg.max_upload_bytes;
+        let request = serde_json::json!({"path": path, "mode": mode, "parents": parents});
+        let (p, aether) = (path.to_string(), e.0.aether.clone());
+        let a = if step.is_some() {
+            let data = hooks::buffer_body(body, max.min(self.traj.config().max_recorded_read_bytes)).await?;
+            let sha256 = crate::trajectory::sha256_hex(&data);
+            let key = serde_json::json!({"path": path, "mode": mode, "sha256": sha256});
+            let size = data.len() as u64;
+            let id2 = id.to_string();
+            let run = move || async move {
+                let _busy = e;
+                let body = futures::stream::iter([Ok::<_, axum::Error>(data.clone())]);
+                let info = files::upload(&aether, &id2, &p, mode, parents, body, max).await?;
+                let data = Some(data);
+                Ok(Written { info, sha256, size, data })
+            };
+            self.traj.call(id, step, "write_file", request.clone(), key, run).await?
+        } else {
+            let (body, hashed) = hooks::hashing(body);
+            let id2 = id.to_string();
+            let run = move || async move {
+                let _busy = e;
+                let info = files::upload(&aether, &id2, &p, mode, parents, body, max).await?;
+                let (sha256, size) = hashed.finish();
+                Ok(Written { info, sha256, size, data: None })
+            };
+            self.traj.call(id, None, "write_file", request.clone(), request, run).await?
+        };
+        Ok((a.value.info, a.replayed))
     }
 
-    pub async fn read_file(&self, id: &str, path: &str) -> Result<Download, EdgeError> {
+    /// Downloads a file; with a `step` the content is read whole and recorded so that the
+    /// step answers the same bytes again.
+    pub async fn read_file(
+        &self,
+        id: &str,
+        path: &str,
+        step: Option<u64>,
+    ) -> Result<(Download, bool), EdgeError> {
+        use crate::trajectory::hooks;
         let e = self.touch(id).await?;
-        files::download(&e.aether, id, path).await
+        let request = serde_json::json!({"path": path});
+        if step.is_none() {
+            let r = files::download(&e.0.aether, id, path).await;
+            let result = r.as_ref().map(|d| serde_json::json!({"mode": d.mode, "size": d.size}));
+            self.traj.note(id, "read_file", request, result);
+            return r.map(|d| (d, false));
+        }
+        let max = self.traj.config().max_recorded_read_bytes;
+        let (p, id2) = (path.to_string(), id.to_string());
+        let run = move || async move {
+            let d = files::download(&e.0.aether, &id2, &p).await?;
+            hooks::collect_download(d, max).await
+        };
+        let a = self.traj.call(id, step, "read_file", request.clone(), request, run).await?;
+        Ok((hooks::content_download(a.value), a.replayed))
     }
 
-    pub async fn stat_file(&self, id: &str, path: &str) -> Result<FileInfo, EdgeError> {
+    pub async fn stat_file(
+        &self,
+        id: &str,
+        path: &str,
+        step: Option<u64>,
+    ) -> Result<(FileInfo, bool), EdgeError> {
         let e = self.touch(id).await?;
-        files::stat(&e.aether, id, path).await
+        let request = serde_json::json!({"path": path});
+        let (p, id2) = (path.to_string(), id.to_string());
+        let run = move || async move { files::stat(&e.0.aether, &id2, &p).await };
+        let a = self.traj.call(id, step, "stat", request.clone(), request, run).await?;
+        Ok((a.value, a.replayed))
     }
 
-    pub async fn list_dir(&self, id: &str, path: &str) -> Result<FileList, EdgeError> {
+    pub async fn list_dir(
+        &self,
+        id: &str,
+        path: &str,
+        step: Option<u64>,
+    ) -> Result<(FileList, bool), EdgeError> {
         let e = self.touch(id).await?;
-        files::list(&e.aether, id, path).await
+        let request = serde_json::json!({"path": path});
+        let (p, id2) = (path.to_string(), id.to_string());
+        let run = move || async move { files::list(&e.0.aether, &id2, &p).await };
+        let a = self.traj.call(id, step, "list_files", request.clone(), request, run).await?;
+        Ok((a.value, a.replayed))
     }
 
     pub async fn remove_file(
@@ -1230,20 +1391,29 @@ impl Manager {
         id: &str,
         path: &str,
         recursive: bool,
-    ) -> Result<(), EdgeError> {
+        step: Option<u64>,
+    ) -> Result<bool, EdgeError> {
         let e = self.touch(id).await?;
-        files::remove(&e.aether, id, path, recursive).await
+        let request = serde_json::json!({"path": path, "recursive": recursive});
+        let (p, id2) = (path.to_string(), id.to_string());
+        let run = move || async move { files::remove(&e.0.aether, &id2, &p, recursive).await };
+        let a = self.traj.call(id, step, "remove", request.clone(), request, run).await?;
+        Ok(a.replayed)
     }
 
     pub async fn mkdir(
         &self,
         id: &str,
         path: &str,
-        mode: u32,
-        parents: bool,
-    ) -> Result<FileInfo, EdgeError> {
+        (mode, parents): (u32, bool),
+        step: Option<u64>,
+    ) -> Result<(FileInfo, bool), EdgeError> {
         let e = self.touch(id).await?;
-        files::mkdir(&e.aether, id, path, mode, parents).await
+        let request = serde_json::json!({"path": path, "mode": mode, "parents": parents});
+        let (p, id2) = (path.to_string(), id.to_string());
+        let run = move || async move { files::mkdir(&e.0.aether, &id2, &p, mode, parents).await };
+        let a = self.traj.call(id, step, "mkdir", request.clone(), request, run).await?;
+        Ok((a.value, a.replayed))
     }
 
     /// Checks a TTY request and returns the channel to open it on (after the upgrade).

@@ -23,6 +23,12 @@ pub struct SandboxRecord {
     /// Environment given to every command (part of the create request, not of `SandboxInfo`).
     #[serde(default)]
     pub env: std::collections::BTreeMap<String, String>,
+    /// When the sandbox was created (epoch ms; `ttl_total` counts from here).
+    #[serde(default)]
+    pub created_ms: u64,
+    /// The idle clock when the record was last written (epoch ms).
+    #[serde(default)]
+    pub last_request_ms: u64,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -165,6 +171,7 @@ mod tests {
             created_at: "2026-01-01T00:00:00Z".into(),
             create_ms: Some(12.5),
             reason: None,
+            ..Default::default()
         }
     }
 
@@ -178,6 +185,8 @@ mod tests {
             pid: 42,
             image: "busybox".into(),
             env: Default::default(),
+            created_ms: 1,
+            last_request_ms: 2,
         };
         write(&dir, &rec).unwrap();
         let back = read(&dir).unwrap();

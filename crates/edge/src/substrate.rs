@@ -9,11 +9,16 @@ use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
 
+use std::path::PathBuf;
+
 use dsec_runtime::aether_client::AetherClient;
+use dsec_runtime::container::adopt::AdoptError;
+use dsec_runtime::container::pause::PauseError;
 use dsec_runtime::container::{ContainerSandbox, ContainerSubstrate};
 use dsec_runtime::substrate::{
     CreateSandboxError, DestroySandboxError, Sandbox, SandboxSpec, Substrate as _, Usage,
 };
+use dsec_wire::api::PauseReport;
 
 pub type BoxFut<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
 
@@ -28,6 +33,16 @@ pub trait Driver: Send + Sync + 'static {
     ) -> BoxFut<'_, Result<Box<dyn LiveSandbox>, CreateSandboxError>>;
     /// Removes leftovers of an earlier run; returns the ids cleaned.
     fn reap_orphans(&self, known_live: Vec<String>) -> BoxFut<'_, Vec<String>>;
+    /// Takes over a sandbox an earlier run of the edge started (after a crash): `dir` is its
+    /// directory, `pid` the host pid recorded for it. A paused sandbox stays paused.
+    fn adopt(
+        &self,
+        id: String,
+        _dir: PathBuf,
+        pid: i32,
+    ) -> BoxFut<'_, Result<Box<dyn LiveSandbox>, AdoptError>> {
+        Box::pin(async move { Err(AdoptError::Gone { id, pid }) })
+    }
 }
 
 /// One running sandbox.
@@ -40,6 +55,14 @@ pub trait LiveSandbox: Send + Sync + 'static {
     fn destroy(&self) -> BoxFut<'_, Result<(), DestroySandboxError>>;
     /// Resolves when the sandbox is gone on its own: its init exited or its channel closed.
     fn exited(&self) -> BoxFut<'_, ()>;
+    /// Stops the sandbox from running and gives its memory back, keeping its state: a
+    /// container freezes its cgroup and reclaims; a VM would snapshot its memory to disk and
+    /// end its process.
+    fn pause(&self, reclaim_memory: bool) -> BoxFut<'_, Result<PauseReport, PauseError>>;
+    /// Undoes [`LiveSandbox::pause`] (thaw, or restore the snapshot).
+    fn resume(&self) -> BoxFut<'_, Result<(), PauseError>>;
+    /// Whether the substrate holds the sandbox paused right now.
+    fn is_paused(&self) -> bool;
 }
 
 /// [`Driver`] for the container substrate.
@@ -81,6 +104,21 @@ impl Driver for ContainerDriver {
     fn reap_orphans(&self, known_live: Vec<String>) -> BoxFut<'_, Vec<String>> {
         Box::pin(async move { self.inner.reap_orphans(&known_live).await })
     }
+
+    fn adopt(
+        &self,
+        id: String,
+        dir: PathBuf,
+        pid: i32,
+    ) -> BoxFut<'_, Result<Box<dyn LiveSandbox>, AdoptError>> {
+        Box::pin(async move {
+            let sandbox = self.inner.adopt(&id, &dir, pid).await?;
+            Ok(Box::new(ContainerLive {
+                substrate: self.inner.clone(),
+                sandbox,
+            }) as Box<dyn LiveSandbox>)
+        })
+    }
 }
 
 impl LiveSandbox for ContainerLive {
@@ -111,5 +149,17 @@ impl LiveSandbox for ContainerLive {
                 _ = self.sandbox.aether().closed() => {}
             }
         })
+    }
+
+    fn pause(&self, reclaim_memory: bool) -> BoxFut<'_, Result<PauseReport, PauseError>> {
+        Box::pin(self.sandbox.pause(reclaim_memory))
+    }
+
+    fn resume(&self) -> BoxFut<'_, Result<(), PauseError>> {
+        Box::pin(self.sandbox.resume())
+    }
+
+    fn is_paused(&self) -> bool {
+        self.sandbox.is_frozen()
     }
 }

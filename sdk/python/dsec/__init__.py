@@ -33,7 +33,7 @@ from .errors import (
     Unauthorized,
     Unsupported,
 )
-from .types import DSecContainerRunArgs, FileInfo, ImageInfo, SandboxInfo, ShellResult, StreamEvent
+from .types import DSecContainerRunArgs, FileInfo, ImageInfo, JobOpResult, SandboxInfo, ShellResult, StreamEvent
 
 __version__ = "0.1.0"
 
@@ -49,6 +49,7 @@ __all__ = [
     "Forbidden",
     "ImageInfo",
     "ImageNotFound",
+    "JobOpResult",
     "NodeFull",
     "NodeUnavailable",
     "NotFound",

@@ -46,6 +46,9 @@ class DSecContainerRunArgs:
     protected_paths: Optional[List[str]] = None
     #: Size limit of the writable layer in MiB (ENOSPC past it).
     disk_limit_mb: Optional[int] = None
+    #: Keep a trajectory log (default: the node's setting, on); ``False`` turns off logging and
+    #: fast-forward for this sandbox.
+    trajectory: Optional[bool] = None
 
     def to_json(self) -> Dict[str, Any]:
         """The JSON body of the create call (``container_image`` becomes ``image``)."""

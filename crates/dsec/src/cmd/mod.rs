@@ -4,8 +4,10 @@ pub mod cp;
 pub mod exec;
 pub mod image;
 pub mod nodes;
+pub mod pause;
 pub mod sandbox;
 pub mod shell;
+pub mod trajectory;
 
 /// Prints a value as pretty JSON on stdout.
 pub fn print_json<T: serde::Serialize>(v: &T) -> anyhow::Result<()> {

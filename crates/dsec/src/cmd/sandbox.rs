@@ -28,9 +28,15 @@ pub struct RunArgs {
     /// Hostname inside the sandbox.
     #[arg(long)]
     pub hostname: Option<String>,
-    /// Stop after this many idle seconds.
+    /// Stop (or pause, see --ttl-action) after this many idle seconds.
     #[arg(long)]
     pub ttl: Option<u64>,
+    /// What the idle TTL does: stop or pause.
+    #[arg(long, value_parser = ["stop", "pause"])]
+    pub ttl_action: Option<String>,
+    /// Hard lifetime in seconds.
+    #[arg(long)]
+    pub ttl_total: Option<u64>,
     /// Environment for every command (repeatable).
     #[arg(long = "env", short = 'e', value_name = "K=V", value_parser = parse_kv)]
     pub env: Vec<(String, String)>,
@@ -51,6 +57,12 @@ pub async fn run(c: &Client, a: RunArgs) -> anyhow::Result<()> {
         init_user: a.user,
         hostname: a.hostname,
         ttl_running_stop: a.ttl,
+        ttl_total: a.ttl_total,
+        ttl_action: match a.ttl_action.as_deref() {
+            Some("pause") => Some(dsec_wire::api::TtlAction::Pause),
+            Some(_) => Some(dsec_wire::api::TtlAction::Stop),
+            None => None,
+        },
         env: a.env.into_iter().collect::<BTreeMap<_, _>>(),
         labels: a.labels.into_iter().collect::<BTreeMap<_, _>>(),
         ..Default::default()
@@ -93,15 +105,20 @@ pub async fn ps(c: &Client, a: PsArgs) -> anyhow::Result<()> {
                 s.node.clone(),
                 format!("{}M", s.memory_limit_mb),
                 format!("{}", s.cpu_cores_limit),
+                super::pause::idle_ttl_column(s),
+                super::pause::total_ttl_column(s),
                 s.created_at.clone(),
             ]
         })
         .collect();
-    rows.sort_by(|a, b| a[6].cmp(&b[6]));
+    rows.sort_by(|a, b| a[8].cmp(&b[8]));
     print!(
         "{}",
         crate::table::render(
-            &["ID", "STATE", "IMAGE", "NODE", "MEMORY", "CPUS", "CREATED"],
+            &[
+                "ID", "STATE", "IMAGE", "NODE", "MEMORY", "CPUS", "IDLE/TTL", "TTL_TOTAL",
+                "CREATED"
+            ],
             &rows
         )
     );

@@ -10,6 +10,7 @@ mod pack;
 mod pause;
 mod sandboxes;
 mod status;
+mod trajectory;
 mod tty;
 
 use std::sync::Arc;
@@ -61,6 +62,13 @@ pub fn router(mgr: Arc<Manager>, token: &str) -> Router {
         .route(&format!("{sb}/files/stat"), get(files::stat))
         .route(&format!("{sb}/files/mkdir"), post(files::mkdir))
         .route(&format!("{sb}/tty"), get(tty::open))
+        .route(&format!("{sb}/trajectory"), get(trajectory::export))
+        .route(&format!("{sb}/trajectory/last_step"), get(trajectory::last_step))
+        .route(&format!("{sb}/trajectory/blobs/{{digest}}"), get(trajectory::blob))
+        .route(
+            &format!("{sb}/network"),
+            get(crate::network::http::get).put(crate::network::http::put),
+        )
         .route(&format!("{sb}/pause"), post(pause::pause))
         .route(&format!("{sb}/resume"), post(pause::resume))
         .route("/edge/v1/jobs/{op}", post(pause::job))

@@ -31,7 +31,7 @@ pub async fn open(
         q.rows.unwrap_or(DEFAULT_ROWS),
         q.cols.unwrap_or(DEFAULT_COLS),
     );
-    let client = s.mgr.tty_channel(&id, rows, cols)?;
+    let client = s.mgr.tty_channel(&id, rows, cols).await?;
     let ws = ws.map_err(|r| {
         EdgeError::BadRequest(format!("expected a WebSocket upgrade: {}", r.body_text()))
     })?;

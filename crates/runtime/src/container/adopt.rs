@@ -99,9 +99,8 @@ fn watch_foreign_exit(pidfd: &Arc<OwnedFd>) -> io::Result<watch::Receiver<Option
     let owned = pidfd.try_clone()?;
     // SAFETY: `owned` is a valid fd owned by the AsyncFd for its whole life; OwnedFd always
     // returns the same fd.
-    let async_fd =
-        unsafe { AsyncFd::register_with_interest(owned, tokio::io::Interest::READABLE) }
-            .map_err(|e| io::Error::other(e.to_string()))?;
+    let async_fd = unsafe { AsyncFd::register_with_interest(owned, tokio::io::Interest::READABLE) }
+        .map_err(|e| io::Error::other(e.to_string()))?;
     tokio::spawn(async move {
         let _ = async_fd.readable().await;
         let _ = tx.send(Some(AetherExit::Signal(0)));
@@ -113,7 +112,12 @@ impl ContainerSubstrate {
     /// Re-adopts the running sandbox `id` whose aether has host pid `pid` and whose dir is
     /// `dir`. The sandbox is left exactly as it was (a paused one stays frozen). On error
     /// nothing was changed; the caller decides whether to clean the sandbox up.
-    pub async fn adopt(&self, id: &str, dir: &Path, pid: i32) -> Result<ContainerSandbox, AdoptError> {
+    pub async fn adopt(
+        &self,
+        id: &str,
+        dir: &Path,
+        pid: i32,
+    ) -> Result<ContainerSandbox, AdoptError> {
         let gone = || AdoptError::Gone {
             id: id.to_string(),
             pid,
@@ -206,12 +210,18 @@ mod tests {
     #[test]
     fn cgroup_lines() {
         let id = "sb-n0-0000000000000001";
-        assert!(cgroup_names("4:memory:/dsec/n0/sb-n0-0000000000000001\n", id));
+        assert!(cgroup_names(
+            "4:memory:/dsec/n0/sb-n0-0000000000000001\n",
+            id
+        ));
         assert!(cgroup_names(
             "0::/dsec/n0/sb-n0-0000000000000001/agent\n",
             id
         ));
-        assert!(!cgroup_names("4:memory:/dsec/n0/sb-n0-0000000000000002\n", id));
+        assert!(!cgroup_names(
+            "4:memory:/dsec/n0/sb-n0-0000000000000002\n",
+            id
+        ));
         assert!(!cgroup_names("0::/\n", id));
     }
 

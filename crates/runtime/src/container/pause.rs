@@ -111,7 +111,11 @@ fn reclaim(cg: &Cgroup, usage: u64) -> String {
 }
 
 /// Freezes the cgroup and, when `reclaim_memory`, reclaims its memory. Blocking.
-pub fn pause_cgroup(id: &str, cg: &Cgroup, reclaim_memory: bool) -> Result<PauseReport, PauseError> {
+pub fn pause_cgroup(
+    id: &str,
+    cg: &Cgroup,
+    reclaim_memory: bool,
+) -> Result<PauseReport, PauseError> {
     let started = Instant::now();
     let before = memory_stat(cg);
     cg.freeze().map_err(|source| PauseError::Freeze {
