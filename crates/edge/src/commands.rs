@@ -20,6 +20,8 @@ use crate::manager::validate_user;
 /// What a shell/exec call answers: one result, or a stream of NDJSON lines.
 pub enum CommandReply {
     Done(CommandResult),
+    /// A result answered from the trajectory log (the step had already run).
+    Replayed(CommandResult),
     Stream(BoxStream<'static, Bytes>),
 }
 

@@ -5,7 +5,6 @@ use axum::extract::State;
 use axum::http::{header, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
-use dsec_wire::api::{FileInfo, FileList};
 use serde::Deserialize;
 
 use super::{ApiPath, ApiQuery, AppState};
@@ -16,6 +15,8 @@ use crate::files::parse_mode;
 #[serde(deny_unknown_fields)]
 pub struct PathQuery {
     path: String,
+    /// Client step id (trajectory fast-forward).
+    step: Option<u64>,
 }
 
 #[derive(Deserialize)]
@@ -25,6 +26,7 @@ pub struct WriteQuery {
     mode: Option<String>,
     /// Create missing parent directories (default true).
     parents: Option<bool>,
+    step: Option<u64>,
 }
 
 #[derive(Deserialize)]
@@ -33,6 +35,7 @@ pub struct RemoveQuery {
     path: String,
     #[serde(default)]
     recursive: bool,
+    step: Option<u64>,
 }
 
 #[derive(Deserialize)]
@@ -42,6 +45,7 @@ pub struct MkdirQuery {
     mode: Option<String>,
     #[serde(default)]
     parents: bool,
+    step: Option<u64>,
 }
 
 pub async fn write(
@@ -49,19 +53,28 @@ pub async fn write(
     ApiPath(id): ApiPath<String>,
     ApiQuery(q): ApiQuery<WriteQuery>,
     body: Body,
-) -> Result<Json<FileInfo>, EdgeError> {
+) -> Result<Response, EdgeError> {
     let mode = parse_mode(q.mode.as_deref().unwrap_or("0644"))?;
-    let info = s
+    let (info, replayed) = s
         .mgr
         .write_file(
             &id,
             &q.path,
-            mode,
-            q.parents.unwrap_or(true),
+            (mode, q.parents.unwrap_or(true), q.step),
             body.into_data_stream(),
         )
         .await?;
-    Ok(Json(info))
+    Ok(replayed_flag(Json(info), replayed))
+}
+
+/// Adds `x-dsec-replayed: true` to an answer served from the trajectory log.
+pub fn replayed_flag(answer: impl IntoResponse, replayed: bool) -> Response {
+    let mut resp = answer.into_response();
+    if replayed {
+        resp.headers_mut()
+            .insert("x-dsec-replayed", HeaderValue::from_static("true"));
+    }
+    resp
 }
 
 pub async fn read(
@@ -69,8 +82,8 @@ pub async fn read(
     ApiPath(id): ApiPath<String>,
     ApiQuery(q): ApiQuery<PathQuery>,
 ) -> Result<Response, EdgeError> {
-    let d = s.mgr.read_file(&id, &q.path).await?;
-    let mut resp = Body::from_stream(d.body).into_response();
+    let (d, replayed) = s.mgr.read_file(&id, &q.path, q.step).await?;
+    let mut resp = replayed_flag(Body::from_stream(d.body), replayed);
     let h = resp.headers_mut();
     h.insert(
         header::CONTENT_TYPE,
@@ -89,32 +102,38 @@ pub async fn list(
     State(s): State<AppState>,
     ApiPath(id): ApiPath<String>,
     ApiQuery(q): ApiQuery<PathQuery>,
-) -> Result<Json<FileList>, EdgeError> {
-    Ok(Json(s.mgr.list_dir(&id, &q.path).await?))
+) -> Result<Response, EdgeError> {
+    let (list, replayed) = s.mgr.list_dir(&id, &q.path, q.step).await?;
+    Ok(replayed_flag(Json(list), replayed))
 }
 
 pub async fn stat(
     State(s): State<AppState>,
     ApiPath(id): ApiPath<String>,
     ApiQuery(q): ApiQuery<PathQuery>,
-) -> Result<Json<FileInfo>, EdgeError> {
-    Ok(Json(s.mgr.stat_file(&id, &q.path).await?))
+) -> Result<Response, EdgeError> {
+    let (info, replayed) = s.mgr.stat_file(&id, &q.path, q.step).await?;
+    Ok(replayed_flag(Json(info), replayed))
 }
 
 pub async fn remove(
     State(s): State<AppState>,
     ApiPath(id): ApiPath<String>,
     ApiQuery(q): ApiQuery<RemoveQuery>,
-) -> Result<StatusCode, EdgeError> {
-    s.mgr.remove_file(&id, &q.path, q.recursive).await?;
-    Ok(StatusCode::NO_CONTENT)
+) -> Result<Response, EdgeError> {
+    let replayed = s.mgr.remove_file(&id, &q.path, q.recursive, q.step).await?;
+    Ok(replayed_flag(StatusCode::NO_CONTENT, replayed))
 }
 
 pub async fn mkdir(
     State(s): State<AppState>,
     ApiPath(id): ApiPath<String>,
     ApiQuery(q): ApiQuery<MkdirQuery>,
-) -> Result<Json<FileInfo>, EdgeError> {
+) -> Result<Response, EdgeError> {
     let mode = parse_mode(q.mode.as_deref().unwrap_or("0755"))?;
-    Ok(Json(s.mgr.mkdir(&id, &q.path, mode, q.parents).await?))
+    let (info, replayed) = s
+        .mgr
+        .mkdir(&id, &q.path, (mode, q.parents), q.step)
+        .await?;
+    Ok(replayed_flag(Json(info), replayed))
 }

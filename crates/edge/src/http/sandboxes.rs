@@ -68,6 +68,7 @@ pub async fn close_session(
 fn command_response(reply: CommandReply) -> Response {
     match reply {
         CommandReply::Done(result) => Json(result).into_response(),
+        CommandReply::Replayed(result) => super::files::replayed_flag(Json(result), true),
         CommandReply::Stream(lines) => (
             [(header::CONTENT_TYPE, "application/x-ndjson")],
             Body::from_stream(lines.map(Ok::<_, Infallible>)),
