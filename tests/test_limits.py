@@ -25,8 +25,9 @@ def test_memory_hog_is_oom_killed_and_sandbox_survives(client, debian):
 
 
 def pids_current(sandbox_id: str):
-    """pids.current of the sandbox's pids cgroup (v1 or v2), or None when not found."""
-    for cg in sorted(dsec_cgroups(sandbox_id)):
+    """pids.current of the sandbox's user pids cgroup (``<id>/user``, which the limit applies
+    to; aether sits above it with a reserve), or of the sandbox's cgroup; None when not found."""
+    for cg in sorted(dsec_cgroups(sandbox_id), key=lambda p: (not p.endswith("/user"), p)):
         try:
             with open(os.path.join(cg, "pids.current")) as f:
                 return int(f.read().strip())
