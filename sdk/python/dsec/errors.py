@@ -79,6 +79,11 @@ class SandboxDead(DSecError):
     """The sandbox died (410 ``sandbox_dead``)."""
 
 
+class SandboxBusy(DSecError):
+    """The sandbox is at its process limit and its agent cannot take the request right now
+    (503 ``sandbox_busy``): kill processes in it, or retry."""
+
+
 class QuotaExceeded(DSecError):
     """The project's quota is used up (429)."""
 
@@ -121,6 +126,7 @@ _BY_CODE: Dict[str, Type[DSecError]] = {
     "file_not_found": FileNotFound,
     "conflict": Conflict,
     "sandbox_dead": SandboxDead,
+    "sandbox_busy": SandboxBusy,
     "quota_exceeded": QuotaExceeded,
     "unsupported": Unsupported,
     "node_unavailable": NodeUnavailable,
