@@ -191,15 +191,21 @@ pub fn spawn_aether(
     let plan = Plan::new(aether, procs_files, user_procs)?;
     // Above fd 4, so that putting the channel on fd 3 cannot clobber it.
     let listener = listener
-        .map(|l| l.try_clone_to_owned().and_then(|l| dup_above(l, REATTACH_FD)))
+        .map(|l| {
+            l.try_clone_to_owned()
+                .and_then(|l| dup_above(l, REATTACH_FD))
+        })
         .transpose()?;
     let listen_fd = listener.as_ref().map_or(-1, |l| l.as_raw_fd());
     let (err_r, err_w) = error_pipe()?;
     let mut pidfd_out: RawFd = -1;
     let args = CloneArgs {
         // With a prepared network namespace the child joins it instead of getting an empty one.
-        flags: if netns.is_some() { NS_FLAGS & !(libc::CLONE_NEWNET as u64) } else { NS_FLAGS }
-            | libc::CLONE_PIDFD as u64,
+        flags: if netns.is_some() {
+            NS_FLAGS & !(libc::CLONE_NEWNET as u64)
+        } else {
+            NS_FLAGS
+        } | libc::CLONE_PIDFD as u64,
         pidfd: &mut pidfd_out as *mut RawFd as u64,
         exit_signal: libc::SIGCHLD as u64,
         ..CloneArgs::default()
