@@ -59,9 +59,11 @@ def dsec_bin() -> str:
 
 @pytest.fixture(scope="session")
 def node(dsec_bin):
-    """The suite's shared `dsec up` (node id `e2e`), stopped with SIGTERM at the end."""
+    """The suite's shared `dsec up` (node id `e2e<pid>`, unique so that concurrent runs of the
+    suite never reap each other's sandboxes), stopped with SIGTERM at the end."""
     data = new_data_dir("main")
-    up = DsecUp(dsec_bin, data, "e2e")
+    node_id = f"e2e{os.getpid()}"
+    up = DsecUp(dsec_bin, data, node_id)
     try:
         up.start()
     except RuntimeError as e:
@@ -71,9 +73,9 @@ def node(dsec_bin):
     rc = up.stop()
     leftover_mounts = mounts_under(data)
     # the node's parent cgroup (dsec/e2e) may stay, like a runtime's top-level dir; sandbox ones may not
-    leftover_cgroups = {c for c in dsec_cgroups("/e2e/") if "/sb-" in c}
-    leftover_procs = dsec_processes("/e2e/")
-    cleanup = force_cleanup(data, "/e2e/") if (leftover_mounts or leftover_cgroups or leftover_procs) else []
+    leftover_cgroups = {c for c in dsec_cgroups(f"/{node_id}/") if "/sb-" in c}
+    leftover_procs = dsec_processes(f"/{node_id}/")
+    cleanup = force_cleanup(data, f"/{node_id}/") if (leftover_mounts or leftover_cgroups or leftover_procs) else []
     remove_data_dir(data)
     assert rc == 0, f"dsec up exited {rc} after SIGTERM\nstderr:\n{up.stderr_tail()}"
     assert not leftover_mounts, f"mounts left after dsec up exited: {leftover_mounts} (cleanup: {cleanup})"
