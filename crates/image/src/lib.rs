@@ -28,11 +28,13 @@
 
 pub mod blobstore;
 mod busybox;
+mod fold;
 mod import;
 mod index;
 mod mount;
 mod name;
 mod oci;
+pub mod registry;
 mod store;
 mod time;
 
@@ -42,7 +44,8 @@ pub use busybox::BUSYBOX_IMAGE;
 pub use import::{BuiltLayer, ImportOptions};
 pub use name::canonical as canonical_name;
 pub use oci::ArchiveFormat;
-pub use store::{ImageLease, ImageStore, DEFAULT_UNMOUNT_GRACE};
+pub use registry::{PullOptions, PullProgress};
+pub use store::{ImageLease, ImageStore, StoreStats, DEFAULT_UNMOUNT_GRACE};
 
 #[derive(Debug, thiserror::Error)]
 pub enum ImageError {

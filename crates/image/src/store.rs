@@ -21,6 +21,7 @@ use crate::blobstore::{self, BlobStore};
 use crate::busybox::{self, BUSYBOX_IMAGE, HOST_BUSYBOX};
 use crate::import::{self, BuiltLayer, ImportOptions, TempPath};
 use crate::index::{ImageRecord, Index, LayerRecord};
+use crate::registry::{ProgressFn, PullOptions, PullProgress};
 use crate::{mount, name, time, ImageError};
 
 /// How long an unused layer stays mounted before it is unmounted.
@@ -39,6 +40,30 @@ struct Inner {
     grace_ms: AtomicU64,
     busybox_lock: tokio::sync::Mutex<()>,
     busybox_path: Mutex<PathBuf>,
+    stats: Counters,
+}
+
+/// Lock-free counters of the store's expensive operations.
+#[derive(Default)]
+struct Counters {
+    layer_mounts: AtomicU64,
+    meta_fetches: AtomicU64,
+    meta_fetch_bytes: AtomicU64,
+    blob_verifications: AtomicU64,
+}
+
+/// A snapshot of the store's counters (for metrics and tests).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize)]
+pub struct StoreStats {
+    /// EROFS layer mounts made by this store since it was opened.
+    pub layer_mounts: u64,
+    /// Metadata images copied from the blob store to local disk.
+    pub meta_fetches: u64,
+    pub meta_fetch_bytes: u64,
+    /// Data blobs checked (size + first/last 64 KiB) before a first mount.
+    pub blob_verifications: u64,
+    /// Layers mounted right now.
+    pub layers_mounted: u64,
 }
 
 struct State {
@@ -344,6 +369,7 @@ impl ImageStore {
                 grace_ms: AtomicU64::new(DEFAULT_UNMOUNT_GRACE.as_millis() as u64),
                 busybox_lock: tokio::sync::Mutex::new(()),
                 busybox_path: Mutex::new(PathBuf::from(HOST_BUSYBOX)),
+                stats: Counters::default(),
             }),
         })
     }
@@ -351,6 +377,30 @@ impl ImageStore {
     /// The store's (canonical) root directory.
     pub fn root(&self) -> &Path {
         &self.inner.root
+    }
+
+    /// Counters of mounts and blob-store reads since the store was opened.
+    pub fn stats(&self) -> StoreStats {
+        let c = &self.inner.stats;
+        let mounted = self
+            .inner
+            .lock()
+            .layers
+            .values()
+            .filter(|l| l.mounted)
+            .count() as u64;
+        StoreStats {
+            layer_mounts: c.layer_mounts.load(Ordering::Relaxed),
+            meta_fetches: c.meta_fetches.load(Ordering::Relaxed),
+            meta_fetch_bytes: c.meta_fetch_bytes.load(Ordering::Relaxed),
+            blob_verifications: c.blob_verifications.load(Ordering::Relaxed),
+            layers_mounted: mounted,
+        }
+    }
+
+    /// The blob store's `kind:location`.
+    pub fn blob_store(&self) -> String {
+        self.inner.blobs.describe()
     }
 
     /// How long an unused layer stays mounted (default 30 s). Applies to releases from now on.
@@ -579,7 +629,13 @@ impl ImageStore {
         .await
         .map_err(|e| std::io::Error::other(format!("unpack archive: {e}")))??;
         let res = self
-            .import_layer_files(&name, work.path(), layers, format.as_str().to_string())
+            .import_layer_files(
+                &name,
+                work.path(),
+                layers,
+                format.as_str().to_string(),
+                None,
+            )
             .await;
         work.cleanup().await;
         res
@@ -597,10 +653,122 @@ impl ImageStore {
         let work = TempPath::new(self.inner.tmp_path("oci"));
         fs::create_dir(work.path())?;
         let res = self
-            .import_layer_files(&name, work.path(), layers, "oci".into())
+            .import_layer_files(&name, work.path(), layers, "oci".into(), None)
             .await;
         work.cleanup().await;
         res
+    }
+
+    /// Pulls `reference` (`host[:port]/repo[:tag|@sha256:..]`) from an OCI registry into the
+    /// image `name` (one layer per image layer, whiteouts converted), reporting progress.
+    pub async fn pull(
+        &self,
+        name: &str,
+        reference: &str,
+        opts: &PullOptions,
+        progress: &ProgressFn,
+    ) -> Result<ImageInfo, ImageError> {
+        let name = name::canonical(name)?;
+        let r = crate::registry::Reference::parse(reference).map_err(|m| import_err(&name, m))?;
+        let work = TempPath::new(self.inner.tmp_path("pull"));
+        fs::create_dir(work.path())?;
+        let res = match crate::registry::download(&r, opts, work.path(), progress).await {
+            Ok((files, digest)) => {
+                let source = format!("registry {}/{}@{digest}", r.host, r.repo);
+                self.import_layer_files(&name, work.path(), files, source, Some(progress))
+                    .await
+            }
+            Err(m) => Err(import_err(&name, format!("pull {reference}: {m}"))),
+        };
+        work.cleanup().await;
+        res
+    }
+
+    /// Folds every run of at least two consecutive layers smaller than `max_layer_bytes` into
+    /// one layer with the same visible tree, and registers the result as `into` (default:
+    /// `name` itself, whose old layers go once no image or sandbox uses them). An image with
+    /// no such run is left as it is.
+    pub async fn fold(
+        &self,
+        name: &str,
+        max_layer_bytes: u64,
+        into: Option<&str>,
+    ) -> Result<ImageInfo, ImageError> {
+        let name = name::canonical(name)?;
+        let into = match into {
+            Some(i) => name::canonical(i)?,
+            None => name.clone(),
+        };
+        let rec = {
+            let st = self.inner.lock();
+            st.index
+                .images
+                .get(&name)
+                .cloned()
+                .ok_or_else(|| ImageError::NotFound(name.clone()))?
+        };
+        let sizes: Vec<u64> = rec.layers.iter().map(|l| l.size_bytes).collect();
+        let runs = crate::fold::runs(&sizes, max_layer_bytes);
+        if runs.is_empty() {
+            if into != name {
+                return self
+                    .register(
+                        &into,
+                        rec.layers,
+                        Vec::new(),
+                        Some(name),
+                        Some("fold".into()),
+                    )
+                    .await;
+            }
+            return self.get(&name);
+        }
+        // Mount the image's layers (a lease keeps them mounted while we read them).
+        let lease = self.acquire(&name).await?;
+        let mut parts = Vec::new();
+        let mut next = 0;
+        for (start, end) in runs {
+            parts.extend(
+                rec.layers[next..start]
+                    .iter()
+                    .cloned()
+                    .map(LayerPart::Existing),
+            );
+            let work = TempPath::new(self.inner.tmp_path("fold"));
+            let roots: Vec<PathBuf> = rec.layers[start..end]
+                .iter()
+                .map(|l| self.inner.mnt_path(&l.digest))
+                .collect();
+            let dst = work.path().to_path_buf();
+            let n2 = into.clone();
+            tokio::task::spawn_blocking(move || -> Result<(), ImageError> {
+                fs::create_dir(&dst)?;
+                crate::fold::merge_layers(&roots, &dst).map_err(|e| import_err(&n2, e.to_string()))
+            })
+            .await
+            .map_err(|e| std::io::Error::other(format!("fold task: {e}")))??;
+            let out = self.inner.tmp_path("layer").with_extension("erofs");
+            let built =
+                import::build_layer(&into, work.path(), out, &ImportOptions::default()).await;
+            work.cleanup().await;
+            let built = built?;
+            tracing::info!(image = %name, from = start, to = end, digest = %built.digest, "layers folded");
+            parts.push(LayerPart::Built(built));
+            next = end;
+        }
+        parts.extend(rec.layers[next..].iter().cloned().map(LayerPart::Existing));
+        drop(lease);
+        let parent = if into == name {
+            rec.parent.clone()
+        } else {
+            Some(name.clone())
+        };
+        let source = match &rec.source {
+            Some(s) => format!("fold of {s}"),
+            None => "fold".into(),
+        };
+        self.register_parts(&into, parts, parent, Some(source))
+            .await
     }
 
     /// Unpacks each layer tar (bottom first) into its own directory, builds one EROFS layer
@@ -611,12 +779,16 @@ impl ImageStore {
         work: &Path,
         layers: Vec<PathBuf>,
         source: String,
+        progress: Option<&ProgressFn>,
     ) -> Result<ImageInfo, ImageError> {
         if layers.is_empty() {
             return Err(import_err(name, "the image has no layers".into()));
         }
         let mut built = Vec::with_capacity(layers.len());
         for (i, tarfile) in layers.into_iter().enumerate() {
+            if let Some(p) = progress {
+                p(PullProgress::Build { layer: i + 1 });
+            }
             let root = work.join(format!("layer-{i}"));
             let (r2, n2) = (root.clone(), name.to_string());
             tokio::task::spawn_blocking(move || -> Result<(), ImageError> {
@@ -681,13 +853,34 @@ impl ImageStore {
         parent: Option<String>,
         source: Option<String>,
     ) -> Result<ImageInfo, ImageError> {
+        let mut parts: Vec<LayerPart> = base.into_iter().map(LayerPart::Existing).collect();
+        parts.extend(built.into_iter().map(LayerPart::Built));
+        self.register_parts(name, parts, parent, source).await
+    }
+
+    /// Stores the built parts and points `name` at `parts` (bottom first).
+    pub(crate) async fn register_parts(
+        &self,
+        name: &str,
+        parts: Vec<LayerPart>,
+        parent: Option<String>,
+        source: Option<String>,
+    ) -> Result<ImageInfo, ImageError> {
         // Uploads first, off the executor and without the state lock (they may be slow on a
         // network store). Objects are content-addressed, so a concurrent import of the same
         // layer writes the same bytes.
         let inner = self.inner.clone();
         let (built, records) = tokio::task::spawn_blocking(move || {
-            let mut records = Vec::with_capacity(built.len());
-            for b in &built {
+            let mut records = Vec::with_capacity(parts.len());
+            let mut built = Vec::new();
+            for part in parts {
+                let b = match part {
+                    LayerPart::Existing(r) => {
+                        records.push(r);
+                        continue;
+                    }
+                    LayerPart::Built(b) => b,
+                };
                 if let Some(blob) = &b.blob {
                     inner.blobs.put(&blob_key(&b.digest), blob.path())?;
                 }
@@ -700,6 +893,7 @@ impl ImageStore {
                     blob_bytes: b.blob_bytes,
                     blob_sample: b.blob_sample.clone(),
                 });
+                built.push(b);
             }
             Ok::<_, std::io::Error>((built, records))
         })
@@ -717,10 +911,8 @@ impl ImageStore {
             }
         }
         fs::File::open(self.inner.root.join("layers"))?.sync_all()?;
-        let mut layers = base;
-        layers.extend(records);
         let rec = ImageRecord {
-            layers,
+            layers: records,
             created_at: time::now_rfc3339(),
             parent,
             source,
@@ -983,6 +1175,7 @@ impl Inner {
                 ));
             }
             mount::mount_erofs_with(&file, &target, device.as_deref())?;
+            self.stats.layer_mounts.fetch_add(1, Ordering::Relaxed);
             tracing::debug!(digest, blob = ?device, "layer mounted");
         }
         let mut st = self.lock();
@@ -1011,7 +1204,11 @@ impl Inner {
         if !file.exists() {
             let tmp = self.tmp_path("meta");
             match self.blobs.fetch(&meta_key(digest), &tmp) {
-                Ok(_) => fs::rename(&tmp, &file)?,
+                Ok(n) => {
+                    self.stats.meta_fetches.fetch_add(1, Ordering::Relaxed);
+                    self.stats.meta_fetch_bytes.fetch_add(n, Ordering::Relaxed);
+                    fs::rename(&tmp, &file)?
+                }
                 Err(e) => {
                     let _ = fs::remove_file(&tmp);
                     return Err(Error::new(
@@ -1059,6 +1256,9 @@ impl Inner {
             }
             Some(_) => {}
         }
+        self.stats
+            .blob_verifications
+            .fetch_add(1, Ordering::Relaxed);
         if let Some(want) = &rec.blob_sample {
             let mut reader = StoreReader {
                 store: self.blobs.as_ref(),
@@ -1088,6 +1288,12 @@ impl std::os::unix::fs::FileExt for StoreReader<'_> {
     fn write_at(&self, _buf: &[u8], _offset: u64) -> std::io::Result<usize> {
         Err(std::io::Error::other("read-only"))
     }
+}
+
+/// One layer of an image being registered: already stored, or freshly built.
+pub(crate) enum LayerPart {
+    Existing(LayerRecord),
+    Built(BuiltLayer),
 }
 
 pub(crate) fn blob_key(digest: &str) -> String {

@@ -694,3 +694,35 @@ async fn overlay_honours_converted_whiteouts() {
     assert_eq!(names, vec!["d", "keep"], "whiteout hides `a`");
     assert_eq!(in_d, vec!["y"], "opaque directory hides `d/x`");
 }
+
+/// 16 concurrent composed acquires of an image whose layer metadata is not on local disk yet
+/// (a fresh node): one metadata fetch from the blob store, one blob check, one mount.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn concurrent_cold_acquires_fetch_and_mount_once() {
+    skip_unless_capable!();
+    let t = TestStore::new();
+    let src = t.dir.path().join("src");
+    fs::create_dir(&src).unwrap();
+    fs::write(src.join("data"), vec![3u8; 500_000]).unwrap();
+    let info = t.store.import_dir("cold:v1", &src).await.unwrap();
+    let digest = info.layers[0].digest.clone();
+    // A node that has never used the layer: its metadata image is only in the blob store.
+    fs::remove_file(t.root().join("layers").join(format!("{digest}.erofs"))).unwrap();
+    let before = t.store.stats();
+    let mut set = tokio::task::JoinSet::new();
+    for _ in 0..16 {
+        let s = t.store.clone();
+        set.spawn(async move { s.acquire_composed("cold:v1", None, &[]).await });
+    }
+    let mut leases = Vec::new();
+    while let Some(r) = set.join_next().await {
+        leases.push(r.unwrap().unwrap());
+    }
+    let after = t.store.stats();
+    assert_eq!(after.layer_mounts - before.layer_mounts, 1, "{after:?}");
+    assert_eq!(after.meta_fetches - before.meta_fetches, 1, "{after:?}");
+    assert_eq!(after.blob_verifications - before.blob_verifications, 1);
+    assert_eq!(mount_count(&leases[0].lowers()[0]), 1);
+    assert_eq!(t.store.get("cold:v1").unwrap().layers[0].users, 16);
+    drop(leases);
+}
