@@ -52,6 +52,13 @@ impl KeyVerifier {
         }
     }
 
+    /// Drops every cached key (after a revocation on this replica; others drop it after `ttl`).
+    pub fn forget_all(&self) {
+        if let Ok(mut c) = self.cache.lock() {
+            c.clear();
+        }
+    }
+
     /// The principal owning `key`, or `Unauthorized`.
     pub async fn verify(&self, key: Option<&str>) -> Result<Principal, ApiError> {
         let key = key.ok_or(ApiError::Unauthorized)?;

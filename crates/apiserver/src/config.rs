@@ -70,6 +70,14 @@ pub struct ApiConfig {
     pub key_cache_ms: u64,
     /// Timeout for connecting to an edge, in milliseconds.
     pub edge_connect_timeout_ms: u64,
+    /// `[apiserver.placement]`: strategy, k, retries, overflow pool.
+    pub placement: crate::placement::PlacementConfig,
+    /// Memory charged to quotas when a create names no limit (the edges' default), MiB.
+    pub default_memory_mb: u64,
+    /// CPU charged to quotas when a create names no limit (the edges' default), cores.
+    pub default_cpu_cores: f64,
+    /// How often quota usage is reconciled with the sandboxes the edges really have, ms.
+    pub reconcile_period_ms: u64,
 }
 
 impl Default for ApiConfig {
@@ -81,6 +89,10 @@ impl Default for ApiConfig {
             watcher_period_ms: 1000,
             key_cache_ms: 10_000,
             edge_connect_timeout_ms: 3000,
+            placement: Default::default(),
+            default_memory_mb: 1024,
+            default_cpu_cores: 1.0,
+            reconcile_period_ms: 10_000,
         }
     }
 }
@@ -106,6 +118,13 @@ impl ApiConfig {
         if self.watcher_period_ms == 0 {
             return Err(ConfigError::Invalid {
                 key: "watcher_period_ms".into(),
+                message: "must be > 0".into(),
+            });
+        }
+        self.placement.validate()?;
+        if self.reconcile_period_ms == 0 {
+            return Err(ConfigError::Invalid {
+                key: "reconcile_period_ms".into(),
                 message: "must be > 0".into(),
             });
         }

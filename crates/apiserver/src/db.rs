@@ -38,6 +38,40 @@ CREATE TABLE IF NOT EXISTS projects (
     name TEXT NOT NULL,
     parent_id TEXT REFERENCES projects(id)
 );
+-- Quota (NULL: unlimited) and usage of a project; usage includes every descendant's.
+CREATE TABLE IF NOT EXISTS quotas (
+    project_id TEXT PRIMARY KEY REFERENCES projects(id),
+    max_sandboxes INTEGER,
+    max_cpu_milli INTEGER,
+    max_memory_mb INTEGER,
+    max_creates_per_s INTEGER,
+    used_sandboxes INTEGER NOT NULL DEFAULT 0,
+    used_cpu_milli INTEGER NOT NULL DEFAULT 0,
+    used_memory_mb INTEGER NOT NULL DEFAULT 0,
+    rate_sec INTEGER NOT NULL DEFAULT 0,
+    rate_count INTEGER NOT NULL DEFAULT 0
+);
+-- One row per admitted sandbox (sandbox_id NULL while its create is in flight).
+CREATE TABLE IF NOT EXISTS allocations (
+    res_id TEXT PRIMARY KEY,
+    sandbox_id TEXT UNIQUE,
+    node TEXT,
+    project_id TEXT NOT NULL,
+    cpu_milli INTEGER NOT NULL,
+    memory_mb INTEGER NOT NULL,
+    created_ms INTEGER NOT NULL,
+    idem_key TEXT
+);
+CREATE UNIQUE INDEX IF NOT EXISTS allocations_idem ON allocations(project_id, idem_key)
+    WHERE idem_key IS NOT NULL;
+CREATE INDEX IF NOT EXISTS allocations_node ON allocations(node);
+-- The project a principal works in (it may also use the project's descendants).
+CREATE TABLE IF NOT EXISTS principal_projects (
+    principal_id TEXT PRIMARY KEY REFERENCES principals(id),
+    project_id TEXT NOT NULL REFERENCES projects(id)
+);
+INSERT OR IGNORE INTO projects (id, name, parent_id) VALUES ('root', 'root', NULL);
+INSERT OR IGNORE INTO quotas (project_id) VALUES ('root');
 ";
 
 /// A principal that a key belongs to.
@@ -45,13 +79,17 @@ CREATE TABLE IF NOT EXISTS projects (
 pub struct Principal {
     pub id: String,
     pub name: String,
+    /// `admin` (every project and the admin routes) or `user`.
     pub kind: String,
+    /// Home project: the principal may use it and its descendants.
+    pub project: String,
 }
 
 /// Handle to the IAM database; cheap to clone. Calls run on the blocking pool.
 #[derive(Clone)]
 pub struct Db {
     conn: Arc<Mutex<Connection>>,
+    path: std::path::PathBuf,
 }
 
 fn now_secs() -> i64 {
@@ -76,13 +114,34 @@ impl Db {
         conn.pragma_update(None, "journal_mode", "WAL")?;
         conn.pragma_update(None, "foreign_keys", "ON")?;
         conn.busy_timeout(std::time::Duration::from_secs(5))?;
-        conn.execute_batch(SCHEMA)?;
+        conn.pragma_update(None, "synchronous", "NORMAL")?;
+        conn.execute_batch("BEGIN IMMEDIATE")?;
+        let schema = conn.execute_batch(SCHEMA).and_then(|()| {
+            // Databases made before projects had a parent: hang `default` under `root`.
+            conn.execute_batch(
+                "UPDATE projects SET parent_id = 'root' WHERE id = 'default' AND parent_id IS NULL;
+                 INSERT OR IGNORE INTO quotas (project_id) SELECT id FROM projects;",
+            )
+        });
+        match schema {
+            Ok(()) => conn.execute_batch("COMMIT")?,
+            Err(e) => {
+                let _ = conn.execute_batch("ROLLBACK");
+                return Err(e.into());
+            }
+        }
         Ok(Db {
             conn: Arc::new(Mutex::new(conn)),
+            path: path.to_path_buf(),
         })
     }
 
-    fn with<T: Send + 'static>(
+    /// The path the database was opened from (other connections, e.g. the quota ledger).
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    pub(crate) fn with<T: Send + 'static>(
         &self,
         f: impl FnOnce(&mut Connection) -> Result<T, DbError>,
     ) -> Result<T, DbError> {
@@ -93,7 +152,7 @@ impl Db {
         f(&mut guard)
     }
 
-    async fn run<T: Send + 'static>(
+    pub(crate) async fn run<T: Send + 'static>(
         &self,
         f: impl FnOnce(&mut Connection) -> Result<T, DbError> + Send + 'static,
     ) -> Result<T, DbError> {
@@ -117,7 +176,11 @@ impl Db {
                 [],
             )?;
             tx.execute(
-                "INSERT OR IGNORE INTO projects (id, name, parent_id) VALUES ('default', 'default', NULL)",
+                "INSERT OR IGNORE INTO projects (id, name, parent_id) VALUES ('default', 'default', 'root')",
+                [],
+            )?;
+            tx.execute(
+                "INSERT OR IGNORE INTO quotas (project_id) VALUES ('default')",
                 [],
             )?;
             let key = crate::auth::generate_key();
@@ -166,7 +229,9 @@ impl Db {
         self.run(move |conn| {
             Ok(conn
                 .query_row(
-                    "SELECT p.id, p.name, p.kind FROM api_keys k JOIN principals p ON p.id = k.principal_id
+                    "SELECT p.id, p.name, p.kind, COALESCE(pp.project_id, 'default')
+                     FROM api_keys k JOIN principals p ON p.id = k.principal_id
+                     LEFT JOIN principal_projects pp ON pp.principal_id = p.id
                      WHERE k.key_hash = ?1 AND k.revoked_at IS NULL",
                     [&key_hash],
                     |r| {
@@ -174,6 +239,7 @@ impl Db {
                             id: r.get(0)?,
                             name: r.get(1)?,
                             kind: r.get(2)?,
+                            project: r.get(3)?,
                         })
                     },
                 )

@@ -19,6 +19,12 @@ pub enum ApiError {
     PayloadTooLarge(String),
     #[error("{0}")]
     NodeUnavailable(String),
+    #[error("{0}")]
+    Conflict(String),
+    #[error("{0}")]
+    Forbidden(String),
+    #[error("{0}")]
+    QuotaExceeded(String),
     #[error("internal error: {0}")]
     Internal(String),
 }
@@ -32,6 +38,9 @@ impl ApiError {
             ApiError::BadRequest(_) => codes::BAD_REQUEST,
             ApiError::PayloadTooLarge(_) => codes::PAYLOAD_TOO_LARGE,
             ApiError::NodeUnavailable(_) => codes::NODE_UNAVAILABLE,
+            ApiError::Conflict(_) => codes::CONFLICT,
+            ApiError::Forbidden(_) => codes::FORBIDDEN,
+            ApiError::QuotaExceeded(_) => codes::QUOTA_EXCEEDED,
             ApiError::Internal(_) => codes::INTERNAL,
         }
     }

@@ -81,11 +81,19 @@ impl Forwarder {
     pub fn edge_for_sandbox(&self, id: &str) -> Result<EdgeEndpoint, ApiError> {
         let node =
             dsec_wire::id::node_of(id).ok_or_else(|| ApiError::SandboxNotFound(id.to_string()))?;
-        self.watcher.endpoint_for(node).ok_or_else(|| {
+        let (edge, healthy, last_error) = self.watcher.endpoint_for(node).ok_or_else(|| {
             ApiError::NodeUnavailable(format!(
                 "node {node:?} of sandbox {id} is not known to this apiserver (not configured, or its edge has not answered yet)"
             ))
-        })
+        })?;
+        if !healthy {
+            // Fail fast: the watcher will notice when it answers again.
+            return Err(ApiError::NodeUnavailable(format!(
+                "node {node} of sandbox {id} is unhealthy or unreachable ({}); its sandboxes cannot be reached until it rejoins",
+                last_error.unwrap_or_else(|| "not answering".into())
+            )));
+        }
+        Ok(edge)
     }
 
     /// Sends one request to `edge` and returns its answer as a streaming response

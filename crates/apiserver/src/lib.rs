@@ -14,12 +14,15 @@
 
 pub mod auth;
 pub mod config;
+pub mod create;
 pub mod db;
 pub mod error;
 pub mod forward;
+pub mod iam;
 pub mod jobs;
 pub mod metrics;
 pub mod placement;
+pub mod reconcile;
 pub mod routes;
 pub mod watcher;
 
@@ -37,6 +40,8 @@ pub enum StartApiError {
     Config(#[from] ConfigError),
     #[error(transparent)]
     Db(#[from] db::DbError),
+    #[error("quota ledger: {0}")]
+    Ledger(#[from] iam::IamError),
     #[error("build HTTP client: {0}")]
     Http(#[from] reqwest::Error),
     #[error("listen on {addr}: {source}")]
@@ -54,8 +59,10 @@ pub struct ApiServer {
     verifier: Arc<auth::KeyVerifier>,
     watcher: watcher::Watcher,
     http: reqwest::Client,
+    ledger: iam::ledger::Ledger,
     serve_task: JoinHandle<()>,
     watch_task: JoinHandle<()>,
+    reconcile_task: JoinHandle<()>,
 }
 
 impl ApiServer {
@@ -77,10 +84,15 @@ impl ApiServer {
             db.clone(),
             Duration::from_millis(config.key_cache_ms),
         ));
+        let ledger = iam::ledger::Ledger::open(db.path())?;
+        let config = Arc::new(config);
         let state = routes::AppState {
             forwarder: forward::Forwarder::new(http.clone(), watcher.clone(), metrics.clone()),
             verifier: verifier.clone(),
             metrics,
+            db: db.clone(),
+            ledger: ledger.clone(),
+            config: config.clone(),
         };
         let app = routes::router(state);
         let listener = tokio::net::TcpListener::bind(config.listen)
@@ -98,6 +110,12 @@ impl ApiServer {
         // First poll before serving, so node ids learned from edges are known right away.
         watcher.poll_once(&http).await;
         let watch_task = watcher.spawn(http.clone(), config.watcher_period());
+        let reconcile_task = reconcile::spawn(
+            watcher.clone(),
+            http.clone(),
+            ledger.clone(),
+            Duration::from_millis(config.reconcile_period_ms),
+        );
         let serve_task = tokio::spawn(async move {
             if let Err(e) = axum::serve(listener, app).await {
                 tracing::error!(error = %e, "apiserver stopped serving");
@@ -111,8 +129,10 @@ impl ApiServer {
             verifier,
             watcher,
             http,
+            ledger,
             serve_task,
             watch_task,
+            reconcile_task,
         })
     }
 
@@ -146,10 +166,17 @@ impl ApiServer {
         self.watcher.snapshot().iter().all(|n| n.healthy)
     }
 
+    /// Reconciles quota usage with the edges now; returns how many allocations changed.
+    pub async fn reconcile_now(&self) -> u64 {
+        reconcile::once(&self.watcher, &self.http, &self.ledger).await
+    }
+
     /// Stops serving and polling.
     pub async fn shutdown(self) {
         self.serve_task.abort();
         self.watch_task.abort();
+        self.reconcile_task.abort();
+        let _ = self.reconcile_task.await;
         let _ = self.serve_task.await;
         let _ = self.watch_task.await;
     }

@@ -1,7 +1,7 @@
 //! Prometheus metrics of the apiserver.
 
 use prometheus::{
-    Encoder, HistogramOpts, HistogramVec, IntCounterVec, Opts, Registry, TextEncoder,
+    Encoder, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, Opts, Registry, TextEncoder,
 };
 
 pub struct Metrics {
@@ -9,6 +9,15 @@ pub struct Metrics {
     pub requests: IntCounterVec,
     pub forward_seconds: HistogramVec,
     pub forward_errors: IntCounterVec,
+    pub sandboxes_created: IntCounter,
+    pub quota_refusals: IntCounter,
+    pub placement_refusals: IntCounter,
+    pub edge_refusals: IntCounter,
+    pub overflow_placements: IntCounter,
+}
+
+fn counter(name: &str, help: &str) -> IntCounter {
+    IntCounter::new(name, help).expect("static metric definition")
 }
 
 impl Metrics {
@@ -42,10 +51,35 @@ impl Metrics {
             &["node"],
         )
         .expect("static metric definition");
+        let sandboxes_created = counter(
+            "dsec_api_sandboxes_created_total",
+            "Sandboxes this apiserver placed",
+        );
+        let quota_refusals = counter(
+            "dsec_api_quota_refusals_total",
+            "Creates refused by a project quota",
+        );
+        let placement_refusals = counter(
+            "dsec_api_placement_refusals_total",
+            "Creates refused because no node had room",
+        );
+        let edge_refusals = counter(
+            "dsec_api_edge_refusals_total",
+            "Edge admission refusals that were retried on another node",
+        );
+        let overflow_placements = counter(
+            "dsec_api_overflow_placements_total",
+            "Sandboxes sent to the overflow pool",
+        );
         for c in [
             Box::new(requests.clone()) as Box<dyn prometheus::core::Collector>,
             Box::new(forward_seconds.clone()),
             Box::new(forward_errors.clone()),
+            Box::new(sandboxes_created.clone()),
+            Box::new(quota_refusals.clone()),
+            Box::new(placement_refusals.clone()),
+            Box::new(edge_refusals.clone()),
+            Box::new(overflow_placements.clone()),
         ] {
             registry.register(c).expect("metric registered once");
         }
@@ -54,6 +88,11 @@ impl Metrics {
             requests,
             forward_seconds,
             forward_errors,
+            sandboxes_created,
+            quota_refusals,
+            placement_refusals,
+            edge_refusals,
+            overflow_placements,
         }
     }
 

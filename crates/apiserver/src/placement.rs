@@ -1,41 +1,109 @@
 //! Placement: which edge gets a new sandbox.
 //!
-//! Today: filter healthy nodes with room, order by load (least loaded first). The cluster issue
-//! replaces the ordering with power-of-k-choices and overflow pools behind this same function.
+//! 1. **Filter**: healthy, supports the substrate, matches the request's node selector (request
+//!    labels `node.<key>=<value>` must equal the node's label `<key>`), has room (sandboxes,
+//!    memory and CPU by the node's last status, updated locally for each placement between polls).
+//! 2. **Pools**: nodes labelled `pool=overflow` form the overflow pool; the rest are the primary
+//!    pool. When the primary pool's utilisation (sandboxes in use / capacity over its healthy
+//!    nodes) is above `overflow_threshold`, requests marked `overflow_eligible` go to the overflow
+//!    pool first (primary nodes remain a fallback). Other requests never go to overflow nodes.
+//! 3. **Choice**: power-of-k-choices — sample k candidates at random and take the least loaded;
+//!    when their loads tie (within 1%), a node that has the image cached wins. `random` and
+//!    `least_loaded` exist for comparison (benchmarks).
+//! 4. **Retries**: the answer is an ordered list of at most `max_attempts` nodes; a node's own
+//!    admission may still refuse (`node_full`), and the next one is tried.
+
+use std::collections::HashSet;
 
 use dsec_wire::api::CreateSandboxRequest;
+use rand::Rng;
+use serde::{Deserialize, Serialize};
 
-use crate::config::EdgeEndpoint;
+use crate::config::ConfigError;
 use crate::watcher::NodeView;
 
-/// Candidate edges for `req`, best first. Nodes never polled yet count as candidates (after
-/// the healthy ones) so a create right after start does not fail; the edge has the final say.
-pub fn candidates(nodes: &[NodeView], req: &CreateSandboxRequest) -> Vec<EdgeEndpoint> {
-    let mut healthy: Vec<(&NodeView, f64)> = nodes
-        .iter()
-        .filter(|n| n.healthy)
-        .filter(|n| match &n.status {
-            Some(s) => s.substrates.is_empty() || s.substrates.contains(&req.substrate),
-            None => true,
-        })
-        .map(|n| (n, load(n)))
-        .collect();
-    healthy.sort_by(|a, b| a.1.partial_cmp(&b.1).unwrap_or(std::cmp::Ordering::Equal));
-    let mut out: Vec<EdgeEndpoint> = healthy
-        .into_iter()
-        .map(|(n, _)| n.endpoint.clone())
-        .collect();
-    out.extend(
-        nodes
-            .iter()
-            .filter(|n| !n.polled)
-            .map(|n| n.endpoint.clone()),
-    );
-    out
+/// How to choose among filtered nodes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[serde(rename_all = "snake_case")]
+pub enum Strategy {
+    #[default]
+    PowerOfK,
+    Random,
+    LeastLoaded,
+}
+
+impl std::str::FromStr for Strategy {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "power_of_k" | "power-of-k" | "pok" => Ok(Strategy::PowerOfK),
+            "random" => Ok(Strategy::Random),
+            "least_loaded" | "least-loaded" => Ok(Strategy::LeastLoaded),
+            _ => Err(format!(
+                "unknown placement strategy {s:?}: use power_of_k, random or least_loaded"
+            )),
+        }
+    }
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct PlacementConfig {
+    pub strategy: Strategy,
+    /// Candidates sampled by power-of-k.
+    pub k: usize,
+    /// Most nodes tried for one create (the first choice plus retries after refusals).
+    pub max_attempts: usize,
+    /// Primary-pool utilisation above which eligible requests go to the overflow pool.
+    pub overflow_threshold: f64,
+    /// Node label `key=value` marking the overflow pool.
+    pub overflow_label: String,
+}
+
+impl Default for PlacementConfig {
+    fn default() -> Self {
+        PlacementConfig {
+            strategy: Strategy::PowerOfK,
+            k: 2,
+            max_attempts: 3,
+            overflow_threshold: 0.8,
+            overflow_label: "pool=overflow".into(),
+        }
+    }
+}
+
+impl PlacementConfig {
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        let bad = |key: &str, message: &str| {
+            Err(ConfigError::Invalid {
+                key: format!("placement.{key}"),
+                message: message.into(),
+            })
+        };
+        if self.k == 0 {
+            return bad("k", "must be >= 1");
+        }
+        if self.max_attempts == 0 {
+            return bad("max_attempts", "must be >= 1");
+        }
+        if !(0.0..=1.0).contains(&self.overflow_threshold) {
+            return bad("overflow_threshold", "must be between 0 and 1");
+        }
+        if !self.overflow_label.contains('=') {
+            return bad("overflow_label", "must be key=value");
+        }
+        Ok(())
+    }
+
+    fn overflow_kv(&self) -> (&str, &str) {
+        self.overflow_label
+            .split_once('=')
+            .unwrap_or((self.overflow_label.as_str(), ""))
+    }
 }
 
 /// Fraction of capacity in use (sandboxes and memory, whichever is higher).
-fn load(n: &NodeView) -> f64 {
+pub fn load(n: &NodeView) -> f64 {
     let Some(s) = &n.status else { return 1.0 };
     let by_count = if s.capacity_sandboxes > 0 {
         (s.sandboxes_running + s.sandboxes_paused) as f64 / s.capacity_sandboxes as f64
@@ -50,12 +118,164 @@ fn load(n: &NodeView) -> f64 {
     by_count.max(by_mem)
 }
 
+fn has_room(n: &NodeView) -> bool {
+    match &n.status {
+        Some(s) => s.capacity_sandboxes == 0 || s.sandboxes_running + s.sandboxes_paused < s.capacity_sandboxes,
+        None => true,
+    }
+}
+
+fn selector(req: &CreateSandboxRequest) -> impl Iterator<Item = (&str, &str)> {
+    req.labels
+        .iter()
+        .filter_map(|(k, v)| k.strip_prefix("node.").map(|k| (k, v.as_str())))
+}
+
+/// The outcome of placement.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Plan {
+    /// Indices into the watcher's node list, in the order to try.
+    pub nodes: Vec<usize>,
+    /// True when the plan starts in the overflow pool.
+    pub overflow: bool,
+    /// Primary-pool utilisation seen.
+    pub primary_utilisation: f64,
+}
+
+/// Primary-pool utilisation: sandboxes in use over capacity, healthy primary nodes.
+pub fn primary_utilisation(nodes: &[NodeView], cfg: &PlacementConfig) -> f64 {
+    let (k, v) = cfg.overflow_kv();
+    let (mut used, mut cap) = (0u64, 0u64);
+    for n in nodes.iter().filter(|n| n.healthy) {
+        let Some(s) = &n.status else { continue };
+        if s.labels.get(k).map(String::as_str) == Some(v) {
+            continue;
+        }
+        used += s.sandboxes_running + s.sandboxes_paused;
+        cap += s.capacity_sandboxes;
+    }
+    if cap == 0 {
+        0.0
+    } else {
+        used as f64 / cap as f64
+    }
+}
+
+/// Plans where `req` goes.
+pub fn plan(
+    nodes: &[NodeView],
+    req: &CreateSandboxRequest,
+    cfg: &PlacementConfig,
+    rng: &mut impl Rng,
+) -> Plan {
+    let (ok, ov) = cfg.overflow_kv();
+    let sel: Vec<(&str, &str)> = selector(req).collect();
+    let fits = |n: &&NodeView| {
+        let Some(s) = &n.status else {
+            return false;
+        };
+        n.healthy
+            && (s.substrates.is_empty() || s.substrates.contains(&req.substrate))
+            && sel
+                .iter()
+                .all(|(k, v)| s.labels.get(*k).map(String::as_str) == Some(*v))
+            && has_room(n)
+    };
+    let is_overflow = |n: &NodeView| {
+        n.status
+            .as_ref()
+            .is_some_and(|s| s.labels.get(ok).map(String::as_str) == Some(ov))
+    };
+    let primary: Vec<&NodeView> = nodes.iter().filter(|n| !is_overflow(n)).filter(fits).collect();
+    let overflow_pool: Vec<&NodeView> = nodes.iter().filter(|n| is_overflow(n)).filter(fits).collect();
+    let util = primary_utilisation(nodes, cfg);
+    let eligible = req.overflow_eligible.unwrap_or(false);
+    let go_overflow = eligible && util > cfg.overflow_threshold && !overflow_pool.is_empty();
+    let mut out = Vec::new();
+    let mut used = HashSet::new();
+    let pools: Vec<&Vec<&NodeView>> = if go_overflow {
+        vec![&overflow_pool, &primary]
+    } else {
+        vec![&primary]
+    };
+    for pool in pools {
+        let mut left: Vec<&NodeView> = pool.iter().copied().filter(|n| !used.contains(&n.index)).collect();
+        while out.len() < cfg.max_attempts && !left.is_empty() {
+            let i = choose(&left, req, cfg, rng);
+            let n = left.swap_remove(i);
+            used.insert(n.index);
+            out.push(n.index);
+        }
+    }
+    // Edges not polled yet are a last resort, so a create right after start does not fail.
+    for n in nodes.iter().filter(|n| !n.polled && !is_overflow(n)) {
+        if out.len() >= cfg.max_attempts {
+            break;
+        }
+        if used.insert(n.index) {
+            out.push(n.index);
+        }
+    }
+    Plan {
+        nodes: out,
+        overflow: go_overflow,
+        primary_utilisation: util,
+    }
+}
+
+fn cached(n: &NodeView, image: &str) -> bool {
+    n.status.as_ref().is_some_and(|s| {
+        s.images
+            .iter()
+            .any(|i| i == image || i.split(':').next() == Some(image))
+    })
+}
+
+/// Index into `left` of the chosen node.
+fn choose(
+    left: &[&NodeView],
+    req: &CreateSandboxRequest,
+    cfg: &PlacementConfig,
+    rng: &mut impl Rng,
+) -> usize {
+    match cfg.strategy {
+        Strategy::Random => rng.gen_range(0..left.len()),
+        Strategy::LeastLoaded => best(left, 0..left.len(), &req.image),
+        Strategy::PowerOfK => {
+            let k = cfg.k.min(left.len());
+            let sample = rand::seq::index::sample(rng, left.len(), k);
+            best(left, sample.into_iter(), &req.image)
+        }
+    }
+}
+
+/// Least loaded of `ids`; loads within 1% tie, and a tie goes to a node with the image cached.
+fn best(left: &[&NodeView], ids: impl Iterator<Item = usize>, image: &str) -> usize {
+    let mut best: Option<(usize, f64, bool)> = None;
+    for i in ids {
+        let (l, c) = (load(left[i]), cached(left[i], image));
+        best = match best {
+            None => Some((i, l, c)),
+            Some((bi, bl, bc)) => {
+                if l < bl - 0.01 || ((l - bl).abs() <= 0.01 && c && !bc) {
+                    Some((i, l, c))
+                } else {
+                    Some((bi, bl, bc))
+                }
+            }
+        };
+    }
+    best.map(|b| b.0).unwrap_or(0)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::config::EdgeEndpoint;
     use dsec_wire::api::NodeStatus;
+    use rand::SeedableRng;
 
-    fn view(i: usize, healthy: bool, running: u64, polled: bool) -> NodeView {
+    fn view(i: usize, healthy: bool, running: u64, labels: &[(&str, &str)]) -> NodeView {
         NodeView {
             index: i,
             endpoint: EdgeEndpoint {
@@ -69,33 +289,87 @@ mod tests {
                 healthy,
                 sandboxes_running: running,
                 capacity_sandboxes: 100,
+                labels: labels
+                    .iter()
+                    .map(|(k, v)| (k.to_string(), v.to_string()))
+                    .collect(),
                 ..Default::default()
             }),
             healthy,
             last_seen: None,
             last_error: None,
-            polled,
+            polled: true,
         }
     }
 
-    #[test]
-    fn least_loaded_healthy_first() {
-        let nodes = vec![
-            view(0, true, 50, true),
-            view(1, false, 0, true),
-            view(2, true, 10, true),
-        ];
-        let c = candidates(&nodes, &CreateSandboxRequest::default());
-        let ids: Vec<_> = c.iter().map(|e| e.node_id.clone().unwrap()).collect();
-        assert_eq!(ids, vec!["n2", "n0"]);
+    fn rng() -> rand::rngs::StdRng {
+        rand::rngs::StdRng::seed_from_u64(7)
     }
 
     #[test]
-    fn unpolled_nodes_are_last_resort() {
-        let nodes = vec![view(0, false, 0, false)];
-        assert_eq!(
-            candidates(&nodes, &CreateSandboxRequest::default()).len(),
-            1
-        );
+    fn filters_unhealthy_and_full() {
+        let nodes = vec![view(0, true, 50, &[]), view(1, false, 0, &[]), view(2, true, 100, &[])];
+        let cfg = PlacementConfig {
+            strategy: Strategy::LeastLoaded,
+            ..Default::default()
+        };
+        let p = plan(&nodes, &CreateSandboxRequest::default(), &cfg, &mut rng());
+        assert_eq!(p.nodes, vec![0]);
+    }
+
+    #[test]
+    fn power_of_k_picks_lighter_of_sample_and_retries_bounded() {
+        let nodes: Vec<_> = (0..10).map(|i| view(i, true, i as u64 * 5, &[])).collect();
+        let cfg = PlacementConfig {
+            k: 10,
+            max_attempts: 3,
+            ..Default::default()
+        };
+        let p = plan(&nodes, &CreateSandboxRequest::default(), &cfg, &mut rng());
+        assert_eq!(p.nodes, vec![0, 1, 2]);
+        let cfg = PlacementConfig::default();
+        let p = plan(&nodes, &CreateSandboxRequest::default(), &cfg, &mut rng());
+        assert_eq!(p.nodes.len(), 3);
+        let set: HashSet<_> = p.nodes.iter().collect();
+        assert_eq!(set.len(), 3, "no node twice");
+    }
+
+    #[test]
+    fn overflow_only_above_threshold_and_when_eligible() {
+        let mut nodes = vec![view(0, true, 50, &[]), view(1, true, 0, &[("pool", "overflow")])];
+        let eligible = CreateSandboxRequest {
+            overflow_eligible: Some(true),
+            ..Default::default()
+        };
+        let cfg = PlacementConfig::default();
+        let p = plan(&nodes, &eligible, &cfg, &mut rng());
+        assert_eq!((p.nodes.clone(), p.overflow), (vec![0], false));
+        nodes[0] = view(0, true, 90, &[]);
+        let p = plan(&nodes, &eligible, &cfg, &mut rng());
+        assert_eq!((p.nodes.clone(), p.overflow), (vec![1, 0], true));
+        let p = plan(&nodes, &CreateSandboxRequest::default(), &cfg, &mut rng());
+        assert_eq!(p.nodes, vec![0], "not eligible: never the overflow pool");
+    }
+
+    #[test]
+    fn selector_and_affinity() {
+        let mut nodes = vec![view(0, true, 10, &[("zone", "a")]), view(1, true, 10, &[("zone", "b")])];
+        let mut req = CreateSandboxRequest::default();
+        req.labels.insert("node.zone".into(), "b".into());
+        let cfg = PlacementConfig::default();
+        assert_eq!(plan(&nodes, &req, &cfg, &mut rng()).nodes, vec![1]);
+        if let Some(s) = nodes[0].status.as_mut() {
+            s.images = vec!["busybox:latest".into()];
+        }
+        let req = CreateSandboxRequest {
+            image: "busybox".into(),
+            ..Default::default()
+        };
+        let cfg = PlacementConfig {
+            strategy: Strategy::LeastLoaded,
+            max_attempts: 1,
+            ..Default::default()
+        };
+        assert_eq!(plan(&nodes, &req, &cfg, &mut rng()).nodes, vec![0]);
     }
 }

@@ -13,14 +13,13 @@ use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{any, delete, get, post, put};
 use axum::Router;
-use dsec_wire::api::{limits, CreateSandboxRequest, NodeList, NodeStatus, SandboxList};
+use dsec_wire::api::{limits, NodeList, NodeStatus, SandboxList};
 use tracing::Instrument;
 
 use crate::auth::{bearer, KeyVerifier};
 use crate::error::{error_response, ApiError};
 use crate::forward::{pump_ws, ForwardBody, Forwarder};
 use crate::metrics::Metrics;
-use crate::placement;
 
 /// Shared state of every handler.
 #[derive(Clone)]
@@ -28,6 +27,9 @@ pub struct AppState {
     pub forwarder: Forwarder,
     pub verifier: Arc<KeyVerifier>,
     pub metrics: Arc<Metrics>,
+    pub db: crate::db::Db,
+    pub ledger: crate::iam::ledger::Ledger,
+    pub config: Arc<crate::config::ApiConfig>,
 }
 
 /// The hand-written OpenAPI document.
@@ -39,7 +41,7 @@ pub fn router(state: AppState) -> Router {
         .route("/v1/sandboxes", post(create_sandbox).get(list_sandboxes))
         .route(
             "/v1/sandboxes/{id}",
-            get(sandbox_simple).delete(sandbox_simple),
+            get(sandbox_simple).delete(stop_sandbox),
         )
         .route("/v1/sandboxes/{id}/shell", post(sandbox_json))
         .route("/v1/sandboxes/{id}/exec", post(sandbox_json))
@@ -62,9 +64,19 @@ pub fn router(state: AppState) -> Router {
         .route("/v1/images", get(images_simple))
         .route(
             "/v1/images/{*name}",
-            put(images_stream).delete(images_simple),
+            put(images_stream)
+                .post(images_stream)
+                .delete(images_simple),
         )
         .route("/v1/nodes", get(nodes))
+        .route("/v1/cluster", get(crate::iam::http::cluster))
+        .route(
+            "/v1/projects",
+            get(crate::iam::http::list_projects).post(crate::iam::http::create_project),
+        )
+        .route("/v1/projects/{name}/quota", put(crate::iam::http::set_quota))
+        .route("/v1/keys", post(crate::iam::http::create_key))
+        .route("/v1/keys/{id}", delete(crate::iam::http::revoke_key))
         .route("/v1/jobs/{op}", post(crate::jobs::job))
         .route_layer(middleware::from_fn_with_state(state.clone(), require_key));
     Router::new()
@@ -211,50 +223,39 @@ async fn read_json_body(headers: &HeaderMap, body: Body) -> Result<bytes::Bytes,
 
 async fn create_sandbox(
     State(st): State<AppState>,
-    matched: Option<MatchedPath>,
-    method: Method,
-    uri: Uri,
+    axum::Extension(principal): axum::Extension<crate::db::Principal>,
     headers: HeaderMap,
     body: Body,
 ) -> Result<Response, ApiError> {
     let bytes = read_json_body(&headers, body).await?;
-    let req: CreateSandboxRequest = serde_json::from_slice(&bytes)
-        .map_err(|e| ApiError::BadRequest(format!("invalid create request: {e}")))?;
-    let candidates = placement::candidates(&st.forwarder.watcher().snapshot(), &req);
-    if candidates.is_empty() {
-        return Err(ApiError::NodeUnavailable(
-            "no healthy edge to place the sandbox on; see GET /v1/nodes".into(),
-        ));
+    crate::create::create(&st, &principal, bytes).await
+}
+
+/// `DELETE /v1/sandboxes/{id}`: forwarded; the quota it held is given back once the edge
+/// confirms (or says it does not know the sandbox).
+async fn stop_sandbox(
+    State(st): State<AppState>,
+    id: Result<Path<String>, PathRejection>,
+    matched: Option<MatchedPath>,
+    method: Method,
+    uri: Uri,
+    headers: HeaderMap,
+) -> Result<Response, ApiError> {
+    let id = sandbox_id(id)?;
+    let resp = forward_sandbox(
+        &st,
+        &id,
+        &matched,
+        method,
+        &uri,
+        &headers,
+        ForwardBody::Empty,
+    )
+    .await?;
+    if resp.status().is_success() || resp.status() == StatusCode::NOT_FOUND {
+        st.ledger.release_sandbox(&id);
     }
-    let route = route_of(&matched);
-    let mut last: Option<Response> = None;
-    let mut last_err: Option<ApiError> = None;
-    for edge in &candidates {
-        match st
-            .forwarder
-            .send(
-                edge,
-                method.clone(),
-                path_and_query(&uri),
-                &headers,
-                ForwardBody::Bytes(bytes.clone()),
-                &route,
-            )
-            .await
-        {
-            // A full node refuses at admission: try the next candidate.
-            Ok(resp) if resp.status() == StatusCode::SERVICE_UNAVAILABLE => {
-                last = Some(crate::forward::into_response(resp));
-            }
-            Ok(resp) => return Ok(crate::forward::into_response(resp)),
-            Err(e) => last_err = Some(e),
-        }
-    }
-    match (last, last_err) {
-        (Some(r), _) => Ok(r),
-        (None, Some(e)) => Err(e),
-        (None, None) => Err(ApiError::NodeUnavailable("no edge answered".into())),
-    }
+    Ok(resp)
 }
 
 async fn list_sandboxes(State(st): State<AppState>, uri: Uri) -> Result<Response, ApiError> {

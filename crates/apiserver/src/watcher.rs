@@ -55,18 +55,44 @@ impl Watcher {
         }
     }
 
+    /// Runs `f` on the current view without copying it.
+    pub fn with<R>(&self, f: impl FnOnce(&[NodeView]) -> R) -> R {
+        match self.nodes.read() {
+            Ok(n) => f(&n),
+            Err(p) => f(&p.into_inner()),
+        }
+    }
+
+    /// The endpoint and node id of the node at `index`.
+    pub fn endpoint_at(&self, index: usize) -> Option<(EdgeEndpoint, Option<String>)> {
+        let nodes = self.nodes.read().ok()?;
+        nodes.get(index).map(|n| (n.endpoint.clone(), n.node_id.clone()))
+    }
+
+    /// Counts a sandbox just placed on the node at `index` in the local view (until the next
+    /// poll replaces it), so placements between polls see each other.
+    pub fn note_placed(&self, index: usize, memory_mb: u64, cpu: f64) {
+        if let Ok(mut nodes) = self.nodes.write() {
+            if let Some(s) = nodes.get_mut(index).and_then(|n| n.status.as_mut()) {
+                s.sandboxes_running += 1;
+                s.memory_mb_allocated += memory_mb;
+                s.cpu_cores_allocated += cpu;
+            }
+        }
+    }
+
     /// A copy of the current view.
     pub fn snapshot(&self) -> Vec<NodeView> {
         self.nodes.read().map(|n| n.clone()).unwrap_or_default()
     }
 
-    /// The endpoint serving `node_id`, if known.
-    pub fn endpoint_for(&self, node_id: &str) -> Option<EdgeEndpoint> {
+    /// The endpoint serving `node_id`, whether it is healthy, and its last error.
+    pub fn endpoint_for(&self, node_id: &str) -> Option<(EdgeEndpoint, bool, Option<String>)> {
         let nodes = self.nodes.read().ok()?;
         nodes
             .iter()
             .find(|n| n.node_id.as_deref() == Some(node_id))
-            .map(|n| n.endpoint.clone())
+            .map(|n| (n.endpoint.clone(), n.healthy, n.last_error.clone()))
     }
 
     /// The first configured edge (images go there until the cluster issue).

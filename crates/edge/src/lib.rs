@@ -35,6 +35,7 @@ pub mod metrics;
 pub mod network;
 pub mod pack;
 pub mod records;
+pub mod simulated;
 pub mod substrate;
 pub mod trajectory;
 pub mod ttl;

@@ -115,6 +115,14 @@ pub struct CreateSandboxRequest {
     /// `false` turns off logging and client fast-forward for it.
     #[serde(default)]
     pub trajectory: Option<bool>,
+    /// Project charged for the sandbox (quotas); default: the caller's home project.
+    /// Read by the apiserver only.
+    #[serde(default)]
+    pub project: Option<String>,
+    /// May go to the overflow pool when the primary pool is above its utilisation threshold.
+    /// Read by the apiserver only.
+    #[serde(default)]
+    pub overflow_eligible: Option<bool>,
 }
 
 /// What the idle TTL (`ttl_running_stop`) does when it fires.
@@ -501,6 +509,9 @@ pub enum ImageActionRequest {
     Fold {
         #[serde(default)]
         max_layer_bytes: Option<u64>,
+        /// Register the folded image under this name instead of replacing `name`.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        into: Option<String>,
     },
     /// Pull `reference` (`host[:port]/repo[:tag]`) from an OCI registry into the image `name`.
     Pull {
@@ -513,6 +524,31 @@ pub enum ImageActionRequest {
         #[serde(default)]
         password: Option<String>,
     },
+}
+
+/// One line of the `application/x-ndjson` answer to `POST /v1/images/{name}` when the
+/// request says `accept: application/x-ndjson` (progress of a pull); the last line is `done`
+/// or `error`. Without that header the answer is a plain 201 [`ImageInfo`].
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(tag = "event", rename_all = "snake_case")]
+pub enum ImageActionEvent {
+    /// The manifest was resolved.
+    Manifest {
+        digest: String,
+        layers: u64,
+        bytes: u64,
+    },
+    /// Bytes of layer `layer` (1-based) downloaded so far.
+    Download {
+        layer: u64,
+        digest: String,
+        done: u64,
+        total: u64,
+    },
+    /// Layer `layer` is being unpacked and built.
+    Build { layer: u64 },
+    Done { image: ImageInfo },
+    Error { error: ErrorDetail },
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]

@@ -1,0 +1,316 @@
+//! Admin operations on projects, quotas, principals and keys.
+
+use rusqlite::{params, OptionalExtension, Transaction, TransactionBehavior};
+
+use super::{
+    cpu_milli, valid_project_name, CreatedKey, IamError, ProjectList, ProjectView, Quota, Usage,
+};
+use crate::db::Db;
+
+fn quota_of(tx: &Transaction<'_>, project: &str) -> Result<Option<Quota>, rusqlite::Error> {
+    tx.query_row(
+        "SELECT max_sandboxes, max_cpu_milli, max_memory_mb, max_creates_per_s FROM quotas
+         WHERE project_id = ?1",
+        [project],
+        |r| {
+            Ok(Quota {
+                max_sandboxes: r.get::<_, Option<i64>>(0)?.map(|v| v.max(0) as u64),
+                max_cpu_cores: r.get::<_, Option<i64>>(1)?.map(|v| v as f64 / 1000.0),
+                max_memory_mb: r.get::<_, Option<i64>>(2)?.map(|v| v.max(0) as u64),
+                max_creates_per_s: r.get::<_, Option<i64>>(3)?.map(|v| v.max(0) as u64),
+            })
+        },
+    )
+    .optional()
+}
+
+/// A child's quota must fit in its parent's, dimension by dimension (an unlimited parent
+/// allows anything; a limited parent requires the child to be limited too).
+fn check_fits(child: &Quota, parent: &Quota, parent_name: &str) -> Result<(), IamError> {
+    fn dim<T: PartialOrd + std::fmt::Display + Copy>(
+        name: &str,
+        c: Option<T>,
+        p: Option<T>,
+        parent: &str,
+    ) -> Result<(), IamError> {
+        match (c, p) {
+            (_, None) => Ok(()),
+            (None, Some(p)) => Err(IamError::Invalid(format!(
+                "{name} must be set (at most {p}): the parent project {parent:?} limits it"
+            ))),
+            (Some(c), Some(p)) if c > p => Err(IamError::Invalid(format!(
+                "{name} = {c} is more than the parent project {parent:?} has ({p}); a quota is delegated from the parent"
+            ))),
+            _ => Ok(()),
+        }
+    }
+    dim("max_sandboxes", child.max_sandboxes, parent.max_sandboxes, parent_name)?;
+    dim("max_cpu_cores", child.max_cpu_cores, parent.max_cpu_cores, parent_name)?;
+    dim("max_memory_mb", child.max_memory_mb, parent.max_memory_mb, parent_name)?;
+    dim(
+        "max_creates_per_s",
+        child.max_creates_per_s,
+        parent.max_creates_per_s,
+        parent_name,
+    )
+}
+
+fn validate_quota(q: &Quota) -> Result<(), IamError> {
+    if let Some(c) = q.max_cpu_cores {
+        if !(c.is_finite() && c >= 0.0) {
+            return Err(IamError::Invalid("max_cpu_cores must be >= 0".into()));
+        }
+    }
+    Ok(())
+}
+
+fn write_quota(tx: &Transaction<'_>, project: &str, q: &Quota) -> Result<(), rusqlite::Error> {
+    tx.execute(
+        "INSERT INTO quotas (project_id, max_sandboxes, max_cpu_milli, max_memory_mb, max_creates_per_s)
+         VALUES (?1, ?2, ?3, ?4, ?5)
+         ON CONFLICT(project_id) DO UPDATE SET max_sandboxes = ?2, max_cpu_milli = ?3,
+             max_memory_mb = ?4, max_creates_per_s = ?5",
+        params![
+            project,
+            q.max_sandboxes.map(|v| v as i64),
+            q.max_cpu_cores.map(cpu_milli),
+            q.max_memory_mb.map(|v| v as i64),
+            q.max_creates_per_s.map(|v| v as i64)
+        ],
+    )?;
+    Ok(())
+}
+
+/// Quota checks for setting `q` on `project`: within its parent's, and not below what any
+/// child was delegated.
+fn check_delegation(tx: &Transaction<'_>, project: &str, q: &Quota) -> Result<(), IamError> {
+    let parent: Option<String> = tx
+        .query_row("SELECT parent_id FROM projects WHERE id = ?1", [project], |r| r.get(0))
+        .optional()?
+        .ok_or_else(|| IamError::NotFound(format!("project {project:?} does not exist")))?;
+    if let Some(parent) = parent {
+        if let Some(pq) = quota_of(tx, &parent)? {
+            check_fits(q, &pq, &parent)?;
+        }
+    }
+    let mut stmt = tx.prepare("SELECT id FROM projects WHERE parent_id = ?1")?;
+    let children: Vec<String> = stmt
+        .query_map([project], |r| r.get(0))?
+        .collect::<Result<_, _>>()?;
+    for c in children {
+        if let Some(cq) = quota_of(tx, &c)? {
+            check_fits(&cq, q, project).map_err(|e| {
+                IamError::Invalid(format!(
+                    "sub-project {c:?} was delegated more than this quota allows: {e}; lower its quota first"
+                ))
+            })?;
+        }
+    }
+    Ok(())
+}
+
+pub async fn create_project(
+    db: &Db,
+    name: &str,
+    parent: Option<&str>,
+    quota: Option<Quota>,
+) -> Result<(), IamError> {
+    if !valid_project_name(name) {
+        return Err(IamError::Invalid(format!(
+            "project name {name:?} must match [a-z0-9][a-z0-9-]{{0,62}}"
+        )));
+    }
+    let q = quota.unwrap_or_default();
+    validate_quota(&q)?;
+    let (name, parent) = (name.to_string(), parent.unwrap_or("root").to_string());
+    let r: Result<Result<(), IamError>, crate::db::DbError> = db
+        .run(move |conn| {
+            let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
+            let exists: bool = tx
+                .query_row("SELECT 1 FROM projects WHERE id = ?1", [&name], |_| Ok(()))
+                .optional()?
+                .is_some();
+            if exists {
+                return Ok(Err(IamError::Conflict(format!("project {name:?} already exists"))));
+            }
+            let parent_ok = tx
+                .query_row("SELECT 1 FROM projects WHERE id = ?1", [&parent], |_| Ok(()))
+                .optional()?
+                .is_some();
+            if !parent_ok {
+                return Ok(Err(IamError::NotFound(format!(
+                    "parent project {parent:?} does not exist"
+                ))));
+            }
+            tx.execute(
+                "INSERT INTO projects (id, name, parent_id) VALUES (?1, ?1, ?2)",
+                params![name, parent],
+            )?;
+            if let Err(e) = check_delegation(&tx, &name, &q) {
+                return Ok(Err(e));
+            }
+            write_quota(&tx, &name, &q)?;
+            tx.commit()?;
+            Ok(Ok(()))
+        })
+        .await;
+    r?
+}
+
+pub async fn set_quota(db: &Db, name: &str, q: Quota) -> Result<(), IamError> {
+    validate_quota(&q)?;
+    let name = name.to_string();
+    let r: Result<Result<(), IamError>, crate::db::DbError> = db
+        .run(move |conn| {
+            let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
+            if let Err(e) = check_delegation(&tx, &name, &q) {
+                return Ok(Err(e));
+            }
+            write_quota(&tx, &name, &q)?;
+            tx.commit()?;
+            Ok(Ok(()))
+        })
+        .await;
+    r?
+}
+
+pub async fn list_projects(db: &Db) -> Result<ProjectList, IamError> {
+    let projects = db
+        .run(|conn| {
+            let mut stmt = conn.prepare(
+                "SELECT p.id, p.parent_id, q.max_sandboxes, q.max_cpu_milli, q.max_memory_mb,
+                        q.max_creates_per_s, COALESCE(q.used_sandboxes, 0),
+                        COALESCE(q.used_cpu_milli, 0), COALESCE(q.used_memory_mb, 0)
+                 FROM projects p LEFT JOIN quotas q ON q.project_id = p.id ORDER BY p.id",
+            )?;
+            let rows = stmt.query_map([], |r| {
+                Ok(ProjectView {
+                    name: r.get(0)?,
+                    parent: r.get(1)?,
+                    quota: Quota {
+                        max_sandboxes: r.get::<_, Option<i64>>(2)?.map(|v| v.max(0) as u64),
+                        max_cpu_cores: r.get::<_, Option<i64>>(3)?.map(|v| v as f64 / 1000.0),
+                        max_memory_mb: r.get::<_, Option<i64>>(4)?.map(|v| v.max(0) as u64),
+                        max_creates_per_s: r.get::<_, Option<i64>>(5)?.map(|v| v.max(0) as u64),
+                    },
+                    usage: Usage {
+                        sandboxes: r.get::<_, i64>(6)?.max(0) as u64,
+                        cpu_cores: r.get::<_, i64>(7)? as f64 / 1000.0,
+                        memory_mb: r.get::<_, i64>(8)?.max(0) as u64,
+                    },
+                })
+            })?;
+            Ok(rows.collect::<Result<Vec<_>, _>>()?)
+        })
+        .await?;
+    Ok(ProjectList { projects })
+}
+
+/// Issues a key for `principal`, creating the principal (in `project`, of `kind`) if needed.
+pub async fn create_key(
+    db: &Db,
+    principal: &str,
+    project: Option<&str>,
+    kind: Option<&str>,
+) -> Result<CreatedKey, IamError> {
+    if principal.is_empty()
+        || principal.len() > 64
+        || !principal
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b"-_.@".contains(&b))
+    {
+        return Err(IamError::Invalid(
+            "principal must be 1-64 characters of [A-Za-z0-9-_.@]".into(),
+        ));
+    }
+    let kind = kind.unwrap_or("user").to_string();
+    if kind != "user" && kind != "admin" {
+        return Err(IamError::Invalid("kind must be `user` or `admin`".into()));
+    }
+    let (principal, project) = (principal.to_string(), project.map(str::to_string));
+    let r: Result<Result<CreatedKey, IamError>, crate::db::DbError> = db
+        .run(move |conn| {
+            let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
+            let existing: Option<(String, String, Option<String>)> = tx
+                .query_row(
+                    "SELECT p.id, p.kind, pp.project_id FROM principals p
+                     LEFT JOIN principal_projects pp ON pp.principal_id = p.id WHERE p.name = ?1",
+                    [&principal],
+                    |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)),
+                )
+                .optional()?;
+            let (id, kind, home) = match existing {
+                Some((id, k, home)) => (id, k, home.unwrap_or_else(|| "default".into())),
+                None => {
+                    let home = project.clone().unwrap_or_else(|| "default".into());
+                    let ok = tx
+                        .query_row("SELECT 1 FROM projects WHERE id = ?1", [&home], |_| Ok(()))
+                        .optional()?
+                        .is_some();
+                    if !ok {
+                        return Ok(Err(IamError::NotFound(format!(
+                            "project {home:?} does not exist"
+                        ))));
+                    }
+                    let id = format!("p-{}", hex::encode(rand::random::<[u8; 8]>()));
+                    tx.execute(
+                        "INSERT INTO principals (id, name, kind) VALUES (?1, ?2, ?3)",
+                        params![id, principal, kind],
+                    )?;
+                    tx.execute(
+                        "INSERT INTO principal_projects (principal_id, project_id) VALUES (?1, ?2)",
+                        params![id, home],
+                    )?;
+                    (id, kind, home)
+                }
+            };
+            let key = crate::auth::generate_key();
+            let hash = crate::auth::hash_key(&key);
+            tx.execute(
+                "INSERT INTO api_keys (key_hash, principal_id, created_at) VALUES (?1, ?2, strftime('%s','now'))",
+                params![hash, id],
+            )?;
+            tx.commit()?;
+            Ok(Ok(CreatedKey {
+                principal,
+                project: home,
+                kind,
+                key_id: hash[..16].to_string(),
+                key,
+            }))
+        })
+        .await;
+    r?
+}
+
+/// Revokes the key whose id (hash prefix, at least 8 hex characters) or plaintext is given.
+pub async fn revoke_key(db: &Db, key_or_id: &str) -> Result<(), IamError> {
+    let prefix = if key_or_id.starts_with("dsk_") {
+        crate::auth::hash_key(key_or_id)
+    } else {
+        key_or_id.to_ascii_lowercase()
+    };
+    if prefix.len() < 8 || !prefix.bytes().all(|b| b.is_ascii_hexdigit()) {
+        return Err(IamError::Invalid(
+            "give the key itself or its key_id (at least 8 hex characters)".into(),
+        ));
+    }
+    let n = db
+        .run(move |conn| {
+            let pattern = format!("{prefix}%");
+            let n = conn.execute(
+                "UPDATE api_keys SET revoked_at = strftime('%s','now')
+                 WHERE key_hash LIKE ?1 AND revoked_at IS NULL
+                 AND (SELECT COUNT(*) FROM api_keys WHERE key_hash LIKE ?1) = 1",
+                [pattern],
+            )?;
+            Ok(n)
+        })
+        .await?;
+    if n == 0 {
+        return Err(IamError::NotFound(
+            "no single unrevoked key matches; give more of the key_id".into(),
+        ));
+    }
+    Ok(())
+}
