@@ -35,7 +35,11 @@ fn json(status: StatusCode, body: Bytes) -> Response {
     (status, [(header::CONTENT_TYPE, "application/json")], body).into_response()
 }
 
-pub async fn create(st: &AppState, principal: &Principal, body: Bytes) -> Result<Response, ApiError> {
+pub async fn create(
+    st: &AppState,
+    principal: &Principal,
+    body: Bytes,
+) -> Result<Response, ApiError> {
     let mut req: CreateSandboxRequest = serde_json::from_slice(&body)
         .map_err(|e| ApiError::BadRequest(format!("invalid create request: {e}")))?;
     let cfg = &st.config;
@@ -85,9 +89,10 @@ pub async fn create(st: &AppState, principal: &Principal, body: Bytes) -> Result
             return Err(ApiError::Internal(format!("encode create request: {e}")));
         }
     };
-    let plan = st.forwarder.watcher().with(|nodes| {
-        placement::plan(nodes, &req, &cfg.placement, &mut rand::thread_rng())
-    });
+    let plan = st
+        .forwarder
+        .watcher()
+        .with(|nodes| placement::plan(nodes, &req, &cfg.placement, &mut rand::thread_rng()));
     if plan.nodes.is_empty() {
         st.ledger.release_reservation(&res_id);
         st.metrics.placement_refusals.inc();
@@ -121,7 +126,9 @@ pub async fn create(st: &AppState, principal: &Principal, body: Bytes) -> Result
         let resp = match sent {
             Ok(r) => r,
             Err(e) if e.is_connect() => {
-                st.forwarder.watcher().mark_unreachable(&edge.url, &e.to_string());
+                st.forwarder
+                    .watcher()
+                    .mark_unreachable(&edge.url, &e.to_string());
                 last = Some(error_response(
                     codes::NODE_UNAVAILABLE,
                     format!("node {name} is unreachable: {e}"),
@@ -136,7 +143,8 @@ pub async fn create(st: &AppState, principal: &Principal, body: Bytes) -> Result
                 )));
             }
         };
-        let status = StatusCode::from_u16(resp.status().as_u16()).unwrap_or(StatusCode::BAD_GATEWAY);
+        let status =
+            StatusCode::from_u16(resp.status().as_u16()).unwrap_or(StatusCode::BAD_GATEWAY);
         let bytes = match resp.bytes().await {
             Ok(b) => b,
             Err(e) => {
@@ -162,8 +170,10 @@ pub async fn create(st: &AppState, principal: &Principal, body: Bytes) -> Result
                 r.headers_mut().insert("x-dsec-node", v);
             }
             if plan.overflow {
-                r.headers_mut()
-                    .insert("x-dsec-pool", axum::http::HeaderValue::from_static("overflow"));
+                r.headers_mut().insert(
+                    "x-dsec-pool",
+                    axum::http::HeaderValue::from_static("overflow"),
+                );
             }
             return Ok(r);
         }
@@ -181,7 +191,10 @@ pub async fn create(st: &AppState, principal: &Principal, body: Bytes) -> Result
     Ok(last.unwrap_or_else(|| {
         error_response(
             codes::NODE_FULL,
-            format!("every node tried refused the sandbox ({})", tried.join(", ")),
+            format!(
+                "every node tried refused the sandbox ({})",
+                tried.join(", ")
+            ),
         )
     }))
 }
@@ -196,7 +209,9 @@ async fn existing(st: &AppState, id: &str) -> Result<Response, ApiError> {
         .bearer_auth(&edge.token)
         .send()
         .await
-        .map_err(|e| ApiError::NodeUnavailable(format!("node of sandbox {id} is unreachable: {e}")))?;
+        .map_err(|e| {
+            ApiError::NodeUnavailable(format!("node of sandbox {id} is unreachable: {e}"))
+        })?;
     let status = StatusCode::from_u16(resp.status().as_u16()).unwrap_or(StatusCode::BAD_GATEWAY);
     let bytes = resp
         .bytes()

@@ -120,7 +120,10 @@ pub fn load(n: &NodeView) -> f64 {
 
 fn has_room(n: &NodeView) -> bool {
     match &n.status {
-        Some(s) => s.capacity_sandboxes == 0 || s.sandboxes_running + s.sandboxes_paused < s.capacity_sandboxes,
+        Some(s) => {
+            s.capacity_sandboxes == 0
+                || s.sandboxes_running + s.sandboxes_paused < s.capacity_sandboxes
+        }
         None => true,
     }
 }
@@ -186,8 +189,16 @@ pub fn plan(
             .as_ref()
             .is_some_and(|s| s.labels.get(ok).map(String::as_str) == Some(ov))
     };
-    let primary: Vec<&NodeView> = nodes.iter().filter(|n| !is_overflow(n)).filter(fits).collect();
-    let overflow_pool: Vec<&NodeView> = nodes.iter().filter(|n| is_overflow(n)).filter(fits).collect();
+    let primary: Vec<&NodeView> = nodes
+        .iter()
+        .filter(|n| !is_overflow(n))
+        .filter(fits)
+        .collect();
+    let overflow_pool: Vec<&NodeView> = nodes
+        .iter()
+        .filter(|n| is_overflow(n))
+        .filter(fits)
+        .collect();
     let util = primary_utilisation(nodes, cfg);
     let eligible = req.overflow_eligible.unwrap_or(false);
     let go_overflow = eligible && util > cfg.overflow_threshold && !overflow_pool.is_empty();
@@ -199,7 +210,11 @@ pub fn plan(
         vec![&primary]
     };
     for pool in pools {
-        let mut left: Vec<&NodeView> = pool.iter().copied().filter(|n| !used.contains(&n.index)).collect();
+        let mut left: Vec<&NodeView> = pool
+            .iter()
+            .copied()
+            .filter(|n| !used.contains(&n.index))
+            .collect();
         while out.len() < cfg.max_attempts && !left.is_empty() {
             let i = choose(&left, req, cfg, rng);
             let n = left.swap_remove(i);
@@ -308,7 +323,11 @@ mod tests {
 
     #[test]
     fn filters_unhealthy_and_full() {
-        let nodes = vec![view(0, true, 50, &[]), view(1, false, 0, &[]), view(2, true, 100, &[])];
+        let nodes = vec![
+            view(0, true, 50, &[]),
+            view(1, false, 0, &[]),
+            view(2, true, 100, &[]),
+        ];
         let cfg = PlacementConfig {
             strategy: Strategy::LeastLoaded,
             ..Default::default()
@@ -336,7 +355,10 @@ mod tests {
 
     #[test]
     fn overflow_only_above_threshold_and_when_eligible() {
-        let mut nodes = vec![view(0, true, 50, &[]), view(1, true, 0, &[("pool", "overflow")])];
+        let mut nodes = vec![
+            view(0, true, 50, &[]),
+            view(1, true, 0, &[("pool", "overflow")]),
+        ];
         let eligible = CreateSandboxRequest {
             overflow_eligible: Some(true),
             ..Default::default()
@@ -353,7 +375,10 @@ mod tests {
 
     #[test]
     fn selector_and_affinity() {
-        let mut nodes = vec![view(0, true, 10, &[("zone", "a")]), view(1, true, 10, &[("zone", "b")])];
+        let mut nodes = vec![
+            view(0, true, 10, &[("zone", "a")]),
+            view(1, true, 10, &[("zone", "b")]),
+        ];
         let mut req = CreateSandboxRequest::default();
         req.labels.insert("node.zone".into(), "b".into());
         let cfg = PlacementConfig::default();

@@ -64,9 +64,7 @@ pub fn router(state: AppState) -> Router {
         .route("/v1/images", get(images_simple))
         .route(
             "/v1/images/{*name}",
-            put(images_stream)
-                .post(images_stream)
-                .delete(images_simple),
+            put(images_stream).post(images_stream).delete(images_simple),
         )
         .route("/v1/nodes", get(nodes))
         .route("/v1/cluster", get(crate::iam::http::cluster))
@@ -74,7 +72,10 @@ pub fn router(state: AppState) -> Router {
             "/v1/projects",
             get(crate::iam::http::list_projects).post(crate::iam::http::create_project),
         )
-        .route("/v1/projects/{name}/quota", put(crate::iam::http::set_quota))
+        .route(
+            "/v1/projects/{name}/quota",
+            put(crate::iam::http::set_quota),
+        )
         .route("/v1/keys", post(crate::iam::http::create_key))
         .route("/v1/keys/{id}", delete(crate::iam::http::revoke_key))
         .route("/v1/jobs/{op}", post(crate::jobs::job))

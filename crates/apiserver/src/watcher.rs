@@ -66,7 +66,9 @@ impl Watcher {
     /// The endpoint and node id of the node at `index`.
     pub fn endpoint_at(&self, index: usize) -> Option<(EdgeEndpoint, Option<String>)> {
         let nodes = self.nodes.read().ok()?;
-        nodes.get(index).map(|n| (n.endpoint.clone(), n.node_id.clone()))
+        nodes
+            .get(index)
+            .map(|n| (n.endpoint.clone(), n.node_id.clone()))
     }
 
     /// Counts a sandbox just placed on the node at `index` in the local view (until the next

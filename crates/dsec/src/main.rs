@@ -99,6 +99,17 @@ pub enum Command {
     Trajectory(cmd::trajectory::TrajectoryArgs),
     /// Re-execute a trajectory (JSONL) in a fresh sandbox and report every step that differs.
     Replay(cmd::trajectory::ReplayArgs),
+    /// Projects and their delegated quotas (admin).
+    #[command(subcommand)]
+    Project(cmd::project::ProjectCommand),
+    /// API keys (admin).
+    #[command(subcommand)]
+    Key(cmd::key::KeyCommand),
+    /// Live cluster view: sandboxes, creation rate, utilisation per node.
+    Top(cmd::top::TopArgs),
+    /// Load generators for benchmarks.
+    #[command(subcommand)]
+    Bench(cmd::bench::BenchCommand),
 }
 
 #[derive(Args, Debug)]
@@ -134,10 +145,39 @@ pub struct EdgeArgs {
     /// TOML file with an `[edge]` table; flags override it.
     #[arg(long)]
     pub config: Option<PathBuf>,
+    /// Node label KEY=VALUE reported to placement (e.g. pool=overflow); repeat for several.
+    #[arg(long = "label", value_name = "KEY=VALUE", value_parser = parse::parse_kv)]
+    pub labels: Vec<(String, String)>,
+    /// Most live sandboxes on this node.
+    #[arg(long)]
+    pub capacity: Option<u64>,
+    /// TEST/BENCHMARK MODE: track sandboxes without running anything (commands answer
+    /// `unsupported`). Needs no root, no image store, no data dir.
+    #[arg(long)]
+    pub simulated: bool,
+    /// With --simulated: run this many simulated edges in this process, on consecutive ports
+    /// from --listen's port, with node ids <node-id>0, <node-id>1, ...
+    #[arg(long, requires = "simulated")]
+    pub count: Option<u32>,
 }
 
 #[derive(Args, Debug)]
 pub struct ApiserverArgs {
+    /// File with one edge URL[#TOKEN] per line (blank lines and # comments ignored).
+    #[arg(long)]
+    pub edges_file: Option<PathBuf>,
+    /// Placement strategy: power_of_k (default), random or least_loaded.
+    #[arg(long)]
+    pub placement: Option<String>,
+    /// k of power-of-k-choices (default 2).
+    #[arg(long)]
+    pub placement_k: Option<usize>,
+    /// Primary-pool utilisation above which eligible creates go to the overflow pool (0..1).
+    #[arg(long)]
+    pub overflow_threshold: Option<f64>,
+    /// How often every edge is polled, in milliseconds.
+    #[arg(long)]
+    pub watcher_period_ms: Option<u64>,
     #[arg(long)]
     pub listen: Option<SocketAddr>,
     /// An edge as URL[#token]; repeat for several.
@@ -223,6 +263,10 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Nodes(a) => cmd::nodes::nodes(&connect::client(&g)?, a).await,
         Command::Trajectory(a) => cmd::trajectory::trajectory(&connect::client(&g)?, a).await,
         Command::Replay(a) => cmd::trajectory::replay(&connect::client(&g)?, a).await,
+        Command::Project(c) => cmd::project::project(&cmd::bench::Api::from_global(&g)?, c).await,
+        Command::Key(c) => cmd::key::key(&cmd::bench::Api::from_global(&g)?, c).await,
+        Command::Top(a) => cmd::top::top(&cmd::bench::Api::from_global(&g)?, a).await,
+        Command::Bench(c) => cmd::bench::bench(&g, c).await,
     }
 }
 

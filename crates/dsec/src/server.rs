@@ -235,7 +235,14 @@ pub async fn up(a: UpArgs) -> anyhow::Result<()> {
 }
 
 pub async fn edge(a: EdgeArgs) -> anyhow::Result<()> {
+    if a.simulated {
+        return simulated_edges(a).await;
+    }
     let Loaded { mut edge, .. } = load_config(a.config.as_deref())?;
+    edge.labels.extend(a.labels.iter().cloned());
+    if let Some(c) = a.capacity {
+        edge.capacity = c;
+    }
     if let Some(d) = a.data_dir {
         edge.data_dir = d;
     }
@@ -273,8 +280,82 @@ pub async fn edge(a: EdgeArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// `dsec edge --simulated`: TEST/BENCHMARK MODE, see `dsec_edge::simulated`.
+async fn simulated_edges(a: EdgeArgs) -> anyhow::Result<()> {
+    use dsec_edge::simulated::{serve_many, url_of, SimConfig, SimulatedEdge};
+    let count = a.count.unwrap_or(1).max(1);
+    let base = a.listen.unwrap_or(SocketAddr::from(([127, 0, 0, 1], 0)));
+    let prefix = a.node_id.clone().unwrap_or_else(|| "sim".into());
+    let token = a
+        .token
+        .clone()
+        .unwrap_or_else(|| hex::encode(rand::random::<[u8; 24]>()));
+    let mut edges = Vec::new();
+    for i in 0..count {
+        let addr = if base.port() == 0 {
+            base
+        } else {
+            let port = u16::try_from(u32::from(base.port()) + i)
+                .map_err(|_| anyhow::anyhow!("port {} + {i} is past 65535", base.port()))?;
+            SocketAddr::new(base.ip(), port)
+        };
+        let listener = tokio::net::TcpListener::bind(addr)
+            .await
+            .with_context(|| format!("listen on {addr} for simulated edge {i}"))?;
+        let local = listener.local_addr().context("listener address")?;
+        let node_id = if count == 1 { prefix.clone() } else { format!("{prefix}{i}") };
+        let edge = SimulatedEdge::new(SimConfig {
+            node_id,
+            capacity: a.capacity.unwrap_or(5000),
+            labels: a.labels.iter().cloned().collect(),
+            token: token.clone(),
+            url: url_of(local),
+            ..Default::default()
+        });
+        edges.push((edge, listener));
+    }
+    let urls: Vec<String> = edges.iter().map(|(e, _)| e.config().url.clone()).collect();
+    let tasks = serve_many(edges);
+    {
+        use std::io::Write;
+        let mut out = std::io::stdout().lock();
+        for u in &urls {
+            writeln!(out, "DSEC_EDGE_URL={u}")?;
+        }
+        writeln!(out, "DSEC_EDGE_TOKEN={token}")?;
+        out.flush()?;
+    }
+    tracing::warn!(count, "SIMULATED edges (test/benchmark mode): sandboxes are tracked, nothing runs");
+    let sig = wait_for_signal().await?;
+    tracing::info!(signal = sig, "shutting down simulated edges");
+    for t in tasks {
+        t.abort();
+    }
+    Ok(())
+}
+
 pub async fn apiserver(a: ApiserverArgs) -> anyhow::Result<()> {
     let Loaded { mut api, .. } = load_config(a.config.as_deref())?;
+    if let Some(f) = &a.edges_file {
+        let text = std::fs::read_to_string(f).with_context(|| format!("read {}", f.display()))?;
+        for line in text.lines().map(str::trim).filter(|l| !l.is_empty() && !l.starts_with('#')) {
+            api.edges.push(
+                EdgeEndpoint::parse(line).with_context(|| format!("{}: {line}", f.display()))?,
+            );
+        }
+    }
+    if let Some(p) = &a.placement {
+        api.placement.strategy = p.parse().map_err(crate::UsageError)?;
+    }
+    if let Some(k) = a.placement_k {
+        api.placement.k = k;
+    }
+    if let Some(t) = a.overflow_threshold {
+        api.placement.overflow_threshold = t;
+    }
+    if let Some(p) = a.watcher_period_ms {
+        api.watcher_period_ms = p;
+    }
     if let Some(l) = a.listen {
         api.listen = l;
     }

@@ -187,14 +187,20 @@ impl SimulatedEdge {
         if st.memory_mb + memory_mb > mem_cap {
             return Err((
                 codes::NODE_FULL.into(),
-                format!("node {node} is full: memory {} + {memory_mb} MiB > {mem_cap} MiB", st.memory_mb),
+                format!(
+                    "node {node} is full: memory {} + {memory_mb} MiB > {mem_cap} MiB",
+                    st.memory_mb
+                ),
             ));
         }
         let cpu_cap = self.cfg.cpu_cores_total * self.cfg.cpu_overcommit;
         if st.cpu + cpu > cpu_cap + 1e-9 {
             return Err((
                 codes::NODE_FULL.into(),
-                format!("node {node} is full: {:.2} + {cpu} cores > {cpu_cap:.2}", st.cpu),
+                format!(
+                    "node {node} is full: {:.2} + {cpu} cores > {cpu_cap:.2}",
+                    st.cpu
+                ),
             ));
         }
         let id = loop {
@@ -316,14 +322,20 @@ async fn get_one(State(s): St, Path(id): Path<String>) -> Response {
     let st = lock(&s.state);
     match st.live.get(&id) {
         Some(sb) => Json(s.info(&id, sb, SandboxState::Running)).into_response(),
-        None => error(codes::SANDBOX_NOT_FOUND, format!("sandbox {id:?} not found")),
+        None => error(
+            codes::SANDBOX_NOT_FOUND,
+            format!("sandbox {id:?} not found"),
+        ),
     }
 }
 
 async fn stop(State(s): St, Path(id): Path<String>) -> Response {
     match s.stop(&id) {
         Some(info) => Json(info).into_response(),
-        None => error(codes::SANDBOX_NOT_FOUND, format!("sandbox {id:?} not found")),
+        None => error(
+            codes::SANDBOX_NOT_FOUND,
+            format!("sandbox {id:?} not found"),
+        ),
     }
 }
 
@@ -431,6 +443,9 @@ mod tests {
         assert!(e.stop(&b.id).is_some());
         assert!(e.stop(&b.id).is_none());
         assert_eq!(e.status().memory_mb_allocated, 1024);
-        assert_eq!(e.status().labels.get("simulated").map(String::as_str), Some("true"));
+        assert_eq!(
+            e.status().labels.get("simulated").map(String::as_str),
+            Some("true")
+        );
     }
 }

@@ -44,9 +44,24 @@ fn check_fits(child: &Quota, parent: &Quota, parent_name: &str) -> Result<(), Ia
             _ => Ok(()),
         }
     }
-    dim("max_sandboxes", child.max_sandboxes, parent.max_sandboxes, parent_name)?;
-    dim("max_cpu_cores", child.max_cpu_cores, parent.max_cpu_cores, parent_name)?;
-    dim("max_memory_mb", child.max_memory_mb, parent.max_memory_mb, parent_name)?;
+    dim(
+        "max_sandboxes",
+        child.max_sandboxes,
+        parent.max_sandboxes,
+        parent_name,
+    )?;
+    dim(
+        "max_cpu_cores",
+        child.max_cpu_cores,
+        parent.max_cpu_cores,
+        parent_name,
+    )?;
+    dim(
+        "max_memory_mb",
+        child.max_memory_mb,
+        parent.max_memory_mb,
+        parent_name,
+    )?;
     dim(
         "max_creates_per_s",
         child.max_creates_per_s,
@@ -85,7 +100,11 @@ fn write_quota(tx: &Transaction<'_>, project: &str, q: &Quota) -> Result<(), rus
 /// child was delegated.
 fn check_delegation(tx: &Transaction<'_>, project: &str, q: &Quota) -> Result<(), IamError> {
     let parent: Option<String> = tx
-        .query_row("SELECT parent_id FROM projects WHERE id = ?1", [project], |r| r.get(0))
+        .query_row(
+            "SELECT parent_id FROM projects WHERE id = ?1",
+            [project],
+            |r| r.get(0),
+        )
         .optional()?
         .ok_or_else(|| IamError::NotFound(format!("project {project:?} does not exist")))?;
     if let Some(parent) = parent {
@@ -131,10 +150,16 @@ pub async fn create_project(
                 .optional()?
                 .is_some();
             if exists {
-                return Ok(Err(IamError::Conflict(format!("project {name:?} already exists"))));
+                return Ok(Err(IamError::Conflict(format!(
+                    "project {name:?} already exists"
+                ))));
             }
             let parent_ok = tx
-                .query_row("SELECT 1 FROM projects WHERE id = ?1", [&parent], |_| Ok(()))
+                .query_row(
+                    "SELECT 1 FROM projects WHERE id = ?1",
+                    [&parent],
+                    |_| Ok(()),
+                )
                 .optional()?
                 .is_some();
             if !parent_ok {

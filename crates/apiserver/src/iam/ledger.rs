@@ -154,8 +154,14 @@ impl Ledger {
 }
 
 enum Reply {
-    Reserve(oneshot::Sender<Result<Reserved, IamError>>, Result<Reserved, IamError>),
-    Count(oneshot::Sender<Result<u64, IamError>>, Result<u64, IamError>),
+    Reserve(
+        oneshot::Sender<Result<Reserved, IamError>>,
+        Result<Reserved, IamError>,
+    ),
+    Count(
+        oneshot::Sender<Result<u64, IamError>>,
+        Result<u64, IamError>,
+    ),
 }
 
 fn writer(mut conn: Connection, rx: mpsc::Receiver<Op>) {
@@ -186,7 +192,8 @@ fn writer(mut conn: Connection, rx: mpsc::Receiver<Op>) {
                 tracing::error!(error = %e, "quota ledger transaction failed");
                 let msg = e.to_string();
                 for r in replies {
-                    let err = || IamError::Db(crate::db::DbError::Join(format!("quota ledger: {msg}")));
+                    let err =
+                        || IamError::Db(crate::db::DbError::Join(format!("quota ledger: {msg}")));
                     match r {
                         Reply::Reserve(tx, _) => {
                             let _ = tx.send(Err(err()));
@@ -215,7 +222,10 @@ fn apply_batch(
                 // SQL errors abort the whole batch; refusals are per reservation.
                 let v = match v {
                     Err(IamError::Db(crate::db::DbError::Sql(e))) => {
-                        replies.push(Reply::Reserve(reply, Err(IamError::Conflict(String::new()))));
+                        replies.push(Reply::Reserve(
+                            reply,
+                            Err(IamError::Conflict(String::new())),
+                        ));
                         return Err(e);
                     }
                     v => v,
@@ -393,7 +403,14 @@ fn reserve(tx: &Transaction<'_>, r: &Reservation, now: i64) -> Result<Reserved, 
         "INSERT INTO allocations (res_id, project_id, cpu_milli, memory_mb, created_ms, idem_key)
          VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
     )?
-    .execute(params![r.res_id, r.project, cpu, mem, now, r.idempotency_key])?;
+    .execute(params![
+        r.res_id,
+        r.project,
+        cpu,
+        mem,
+        now,
+        r.idempotency_key
+    ])?;
     Ok(Reserved::New)
 }
 
@@ -505,9 +522,15 @@ mod tests {
             max_sandboxes: Some(n),
             ..Default::default()
         };
-        admin::create_project(&db, "team", Some("root"), Some(q(3))).await.unwrap();
-        admin::create_project(&db, "a", Some("team"), Some(q(3))).await.unwrap();
-        admin::create_project(&db, "b", Some("team"), Some(q(2))).await.unwrap();
+        admin::create_project(&db, "team", Some("root"), Some(q(3)))
+            .await
+            .unwrap();
+        admin::create_project(&db, "a", Some("team"), Some(q(3)))
+            .await
+            .unwrap();
+        admin::create_project(&db, "b", Some("team"), Some(q(2)))
+            .await
+            .unwrap();
         // Above the parent's quota: refused.
         assert!(admin::set_quota(&db, "a", q(4)).await.is_err());
         let l = Ledger::open(&path).unwrap();
@@ -539,7 +562,10 @@ mod tests {
         let l = Ledger::open(&path).unwrap();
         let r = res("x", Some("k1"));
         assert_eq!(l.reserve(r.clone()).await.unwrap(), Reserved::New);
-        assert_eq!(l.reserve(res("x", Some("k1"))).await.unwrap(), Reserved::InFlight);
+        assert_eq!(
+            l.reserve(res("x", Some("k1"))).await.unwrap(),
+            Reserved::InFlight
+        );
         l.bind(&r.res_id, "sb-n0-0000000000000001", "n0");
         assert_eq!(
             l.reserve(res("x", Some("k1"))).await.unwrap(),
@@ -566,6 +592,9 @@ mod tests {
             .await
             .unwrap();
         assert_eq!(n, 1);
-        assert_eq!(l.reserve(res("x", Some("k1"))).await.unwrap(), Reserved::New);
+        assert_eq!(
+            l.reserve(res("x", Some("k1"))).await.unwrap(),
+            Reserved::New
+        );
     }
 }

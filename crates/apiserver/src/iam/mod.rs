@@ -131,9 +131,10 @@ impl From<IamError> for crate::error::ApiError {
 pub fn valid_project_name(s: &str) -> bool {
     !s.is_empty()
         && s.len() <= 63
-        && s.bytes().next().is_some_and(|b| b.is_ascii_lowercase() || b.is_ascii_digit())
-        && s
-            .bytes()
+        && s.bytes()
+            .next()
+            .is_some_and(|b| b.is_ascii_lowercase() || b.is_ascii_digit())
+        && s.bytes()
             .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
 }
 

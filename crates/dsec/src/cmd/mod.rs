@@ -1,12 +1,16 @@
 //! Client commands, one file per resource.
 
+pub mod bench;
 pub mod cp;
 pub mod exec;
 pub mod image;
+pub mod key;
 pub mod nodes;
 pub mod pause;
+pub mod project;
 pub mod sandbox;
 pub mod shell;
+pub mod top;
 pub mod trajectory;
 
 /// Prints a value as pretty JSON on stdout.
