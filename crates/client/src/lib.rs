@@ -589,6 +589,61 @@ impl Client {
         .await
     }
 
+    /// Runs an image action (registry pull, fold) and waits for the result.
+    pub async fn image_action(
+        &self,
+        name: &str,
+        req: &dsec_wire::api::ImageActionRequest,
+    ) -> Result<ImageInfo> {
+        let (b, u) = self.request(Method::POST, self.url(&["v1", "images", name])?);
+        json(self.send((b.json(req), u)).await?).await
+    }
+
+    /// Runs an image action, calling `on_event` for each progress event; returns the image.
+    pub async fn image_action_progress(
+        &self,
+        name: &str,
+        req: &dsec_wire::api::ImageActionRequest,
+        mut on_event: impl FnMut(&dsec_wire::api::ImageActionEvent) + Send,
+    ) -> Result<ImageInfo> {
+        use dsec_wire::api::ImageActionEvent as E;
+        let (b, u) = self.request(Method::POST, self.url(&["v1", "images", name])?);
+        let req = b
+            .header(reqwest::header::ACCEPT, "application/x-ndjson")
+            .json(req);
+        let mut resp = check(self.send((req, u.clone())).await?).await?;
+        let mut buf: Vec<u8> = Vec::new();
+        loop {
+            while let Some(nl) = buf.iter().position(|&c| c == b'\n') {
+                let line: Vec<u8> = buf.drain(..=nl).collect();
+                if line.iter().all(|c| c.is_ascii_whitespace()) {
+                    continue;
+                }
+                let ev: E = serde_json::from_slice(&line)
+                    .map_err(|e| ClientError::Decode(format!("image progress line: {e}")))?;
+                match ev {
+                    E::Done { image } => return Ok(image),
+                    E::Error { error } => {
+                        return Err(ClientError::Api {
+                            status: dsec_wire::api::status_for_code(&error.code),
+                            code: error.code,
+                            message: error.message,
+                        })
+                    }
+                    other => on_event(&other),
+                }
+            }
+            match resp.chunk().await.map_err(|e| transport(&u, e))? {
+                Some(c) => buf.extend_from_slice(&c),
+                None => {
+                    return Err(ClientError::Decode(
+                        "the image action ended without a result".into(),
+                    ))
+                }
+            }
+        }
+    }
+
     pub async fn remove_image(&self, name: &str) -> Result<()> {
         check(
             self.send(self.request(Method::DELETE, self.url(&["v1", "images", name])?))

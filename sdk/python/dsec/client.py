@@ -343,6 +343,43 @@ class DSecClient:
         )
         return ImageInfo.from_json(self._json(resp))
 
+    async def pull_image(
+        self,
+        name: str,
+        reference: str,
+        insecure: bool = False,
+        username: Optional[str] = None,
+        password: Optional[str] = None,
+        timeout: float = 3600.0,
+    ) -> ImageInfo:
+        """Pulls ``reference`` (``host[:port]/repo[:tag|@sha256:...]``) from an OCI registry
+        into the image ``name`` on the node (plain HTTP: loopback, or any host with ``insecure``)."""
+        body: Dict[str, Any] = {"action": "pull", "reference": reference, "insecure": insecure}
+        if username is not None:
+            body["username"] = username
+        if password is not None:
+            body["password"] = password
+        resp = await self._request(
+            "POST", f"/v1/images/{_seg(name)}", json_body=body, timeout=httpx.Timeout(timeout, connect=10.0)
+        )
+        return ImageInfo.from_json(self._json(resp))
+
+    async def fold_image(
+        self, name: str, max_layer_bytes: Optional[int] = None, into: Optional[str] = None, timeout: float = 3600.0
+    ) -> ImageInfo:
+        """Merges consecutive layers of ``name`` smaller than ``max_layer_bytes`` (default 64 MiB)
+        into one layer with the same visible tree; registers the result as ``into`` (default:
+        replaces ``name``)."""
+        body: Dict[str, Any] = {"action": "fold"}
+        if max_layer_bytes is not None:
+            body["max_layer_bytes"] = max_layer_bytes
+        if into is not None:
+            body["into"] = into
+        resp = await self._request(
+            "POST", f"/v1/images/{_seg(name)}", json_body=body, timeout=httpx.Timeout(timeout, connect=10.0)
+        )
+        return ImageInfo.from_json(self._json(resp))
+
     async def remove_image(self, name: str) -> None:
         await self._request("DELETE", f"/v1/images/{_seg(name)}")
 
@@ -449,6 +486,38 @@ class Sandbox:
 
     def _local(self, step: Optional[int], kind: str, key: Dict[str, Any]) -> Optional[Dict[str, Any]]:
         return self._ff.lookup(step, kind, key) if self._ff is not None else None
+
+    def _peek_local(self, step: Optional[int], kind: str, key: Dict[str, Any]) -> Optional[Dict[str, Any]]:
+        """The prefetched record answering the next call without any I/O (its step is then
+        used up), or ``None`` (the call goes the normal way and numbers itself)."""
+        if self._ff is None or not (self.auto_step or step is not None):
+            return None
+        rec = self._ff.lookup(self._steps.last + 1 if step is None else int(step), kind, key)
+        if rec is not None:
+            self._steps.next(step)
+        return rec
+
+    def local_shell(self, cmd: str, session: str = "default", timeout: Optional[float] = None, env=None, cwd=None,
+                    stdin=None, step: Optional[int] = None, **_: Any) -> Optional[ShellResult]:
+        """A completed step's result from the prefetched log, or ``None`` (used by the sync client
+        to fast-forward without a hop to its event loop)."""
+        rec = self._peek_local(step, "shell", shell_key(cmd, session, cwd, env, stdin))
+        if rec is None:
+            return None
+        result = ShellResult.from_json(rec.get("result") or {})
+        result.replayed = True
+        return result
+
+    def local_exec(self, argv: Sequence[str], timeout: Optional[float] = None, env=None, cwd=None, stdin=None,
+                   user: Optional[str] = None, step: Optional[int] = None, **_: Any) -> Optional[ShellResult]:
+        if isinstance(argv, str):
+            return None
+        rec = self._peek_local(step, "exec", exec_key(argv, cwd, env, stdin, user))
+        if rec is None:
+            return None
+        result = ShellResult.from_json(rec.get("result") or {})
+        result.replayed = True
+        return result
 
     # -- trajectory ---------------------------------------------------------------------------
 

@@ -140,6 +140,15 @@ class DSecClient:
     def import_image(self, name: str, tar: Any, timeout: float = 3600.0, format: Optional[str] = None) -> ImageInfo:
         return self._run(self._aclient.import_image(name, tar, timeout=timeout, format=format))
 
+    def pull_image(self, name: str, reference: str, insecure: bool = False, username: Optional[str] = None,
+                   password: Optional[str] = None, timeout: float = 3600.0) -> ImageInfo:
+        return self._run(self._aclient.pull_image(name, reference, insecure=insecure, username=username,
+                                                  password=password, timeout=timeout))
+
+    def fold_image(self, name: str, max_layer_bytes: Optional[int] = None, into: Optional[str] = None,
+                   timeout: float = 3600.0) -> ImageInfo:
+        return self._run(self._aclient.fold_image(name, max_layer_bytes=max_layer_bytes, into=into, timeout=timeout))
+
     def remove_image(self, name: str) -> None:
         self._run(self._aclient.remove_image(name))
 
@@ -204,9 +213,15 @@ class Sandbox:
             pass
 
     def run_shell(self, cmd: str, session: str = "default", timeout: Optional[float] = None, **kwargs: Any) -> ShellResult:
+        local = self._inner.local_shell(cmd, session, timeout, **kwargs)
+        if local is not None and not (kwargs.get("raise_on_timeout") and local.timed_out):
+            return local
         return self._run(self._inner.run_shell(cmd, session, timeout, **kwargs))
 
     def exec(self, argv: Sequence[str], timeout: Optional[float] = None, **kwargs: Any) -> ShellResult:
+        local = self._inner.local_exec(argv, timeout, **kwargs)
+        if local is not None and not (kwargs.get("raise_on_timeout") and local.timed_out):
+            return local
         return self._run(self._inner.exec(argv, timeout, **kwargs))
 
     def stream_shell(self, cmd: str, session: str = "default", timeout: Optional[float] = None, **kwargs: Any) -> Iterator[StreamEvent]:

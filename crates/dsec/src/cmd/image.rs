@@ -1,4 +1,4 @@
-//! `dsec image import|ls|rm`.
+//! `dsec image import|pull|fold|ls|rm`.
 
 use std::io::IsTerminal;
 use std::path::PathBuf;
@@ -18,6 +18,10 @@ use crate::parse::human_bytes;
 pub enum ImageCommand {
     /// Import an image from a directory (archived on the fly) or a tar file (gzip accepted).
     Import(ImportArgs),
+    /// Pull an image from an OCI registry (distribution API v2) onto the node, with progress.
+    Pull(PullArgs),
+    /// Merge consecutive small layers of an image into one layer (same visible tree).
+    Fold(FoldArgs),
     /// List images.
     Ls(LsArgs),
     /// Remove an image.
@@ -43,6 +47,56 @@ pub struct ImportArgs {
 }
 
 #[derive(Args, Debug)]
+pub struct PullArgs {
+    /// `HOST[:PORT]/REPO[:TAG|@sha256:DIGEST]`.
+    pub reference: String,
+    /// Local image name (default: the reference's REPO:TAG).
+    #[arg(long)]
+    pub name: Option<String>,
+    /// Plain HTTP to a registry that is not on loopback (this build has no TLS).
+    #[arg(long)]
+    pub insecure: bool,
+    /// Registry user (the password is read from DSEC_REGISTRY_PASSWORD).
+    #[arg(long)]
+    pub username: Option<String>,
+}
+
+#[derive(Args, Debug)]
+pub struct FoldArgs {
+    pub name: String,
+    /// Fold runs of layers each smaller than this (bytes, or with a K/M/G suffix).
+    #[arg(long, default_value = "64M", value_parser = parse_size)]
+    pub max_layer_size: u64,
+    /// Register the result under this name instead of replacing the image.
+    #[arg(long)]
+    pub into: Option<String>,
+}
+
+fn parse_size(s: &str) -> Result<u64, String> {
+    let t = s.trim();
+    let (num, mult) = match t.chars().last() {
+        Some('K' | 'k') => (&t[..t.len() - 1], 1u64 << 10),
+        Some('M' | 'm') => (&t[..t.len() - 1], 1 << 20),
+        Some('G' | 'g') => (&t[..t.len() - 1], 1 << 30),
+        _ => (t, 1),
+    };
+    num.parse::<u64>()
+        .ok()
+        .and_then(|n| n.checked_mul(mult))
+        .ok_or_else(|| format!("bad size {s:?}: use a number with an optional K, M or G suffix"))
+}
+
+/// `REPO:TAG` of a registry reference (`host/team/app:v1` → `team/app:v1`).
+fn local_name(reference: &str) -> String {
+    let r = reference.strip_prefix("http://").unwrap_or(reference);
+    let rest = r.split_once('/').map(|(_, p)| p).unwrap_or(r);
+    match rest.split_once('@') {
+        Some((repo, _)) => repo.to_string(),
+        None => rest.to_string(),
+    }
+}
+
+#[derive(Args, Debug)]
 pub struct LsArgs {
     #[arg(long)]
     pub json: bool,
@@ -60,6 +114,34 @@ pub async fn image(c: &Client, cmd: ImageCommand) -> anyhow::Result<()> {
     match cmd {
         ImageCommand::Import(a) => import(c, a).await,
         ImageCommand::Ls(a) => ls(c, a).await,
+        ImageCommand::Pull(a) => pull(c, a).await,
+        ImageCommand::Fold(a) => {
+            let req = dsec_wire::api::ImageActionRequest::Fold {
+                max_layer_bytes: Some(a.max_layer_size),
+                into: a.into.clone(),
+            };
+            let before = c.images().await.context("list images")?;
+            let n_before = before
+                .images
+                .iter()
+                .find(|i| dsec_image_name_eq(&i.name, &a.name))
+                .map(|i| i.layers.len());
+            let info = c
+                .image_action(&a.name, &req)
+                .await
+                .with_context(|| format!("fold image {}", a.name))?;
+            eprintln!(
+                "folded {}: {} -> {} layer(s), {}",
+                a.name,
+                n_before
+                    .map(|n| n.to_string())
+                    .unwrap_or_else(|| "?".into()),
+                info.layers.len(),
+                human_bytes(info.size_bytes)
+            );
+            println!("{}", info.name);
+            Ok(())
+        }
         ImageCommand::Rm(a) => {
             c.remove_image(&a.name)
                 .await
@@ -68,6 +150,72 @@ pub async fn image(c: &Client, cmd: ImageCommand) -> anyhow::Result<()> {
             Ok(())
         }
     }
+}
+
+/// `name` and `name:latest` are the same image.
+fn dsec_image_name_eq(listed: &str, given: &str) -> bool {
+    listed == given || (!given.contains(':') && listed == format!("{given}:latest"))
+}
+
+async fn pull(c: &Client, a: PullArgs) -> anyhow::Result<()> {
+    use dsec_wire::api::ImageActionEvent as E;
+    let name = a.name.clone().unwrap_or_else(|| local_name(&a.reference));
+    let password = std::env::var("DSEC_REGISTRY_PASSWORD").ok();
+    let req = dsec_wire::api::ImageActionRequest::Pull {
+        reference: a.reference.clone(),
+        insecure: a.insecure,
+        username: a.username.clone(),
+        password,
+    };
+    let tty = std::io::stderr().is_terminal();
+    let started = Instant::now();
+    let mut total_layers = 0u64;
+    let info = c
+        .image_action_progress(&name, &req, |ev| match ev {
+            E::Manifest {
+                digest,
+                layers,
+                bytes,
+            } => {
+                total_layers = *layers;
+                eprintln!(
+                    "manifest {digest}: {layers} layer(s), {}",
+                    human_bytes(*bytes)
+                );
+            }
+            E::Download {
+                layer, done, total, ..
+            } => {
+                let line = format!(
+                    "layer {layer}/{total_layers}: {} / {}",
+                    human_bytes(*done),
+                    human_bytes(*total)
+                );
+                if tty {
+                    eprint!("\r\x1b[K{line}");
+                } else if done == total {
+                    eprintln!("{line}");
+                }
+            }
+            E::Build { layer } => {
+                if tty {
+                    eprint!("\r\x1b[K");
+                }
+                eprintln!("building layer {layer}/{total_layers}");
+            }
+            E::Done { .. } | E::Error { .. } => {}
+        })
+        .await
+        .with_context(|| format!("pull {} into image {name}", a.reference))?;
+    eprintln!(
+        "pulled {}: {} layer(s), {} in {:.1}s",
+        info.name,
+        info.layers.len(),
+        human_bytes(info.size_bytes),
+        started.elapsed().as_secs_f64()
+    );
+    println!("{}", info.name);
+    Ok(())
 }
 
 type ByteStream = futures::stream::BoxStream<'static, std::io::Result<Bytes>>;

@@ -1,10 +1,10 @@
-//! `/edge/v1/images`: import (tar stream), list, remove.
+//! `/edge/v1/images`: import (tar stream), list, remove, and actions (registry pull, fold).
 
 use axum::body::Body;
 use axum::extract::State;
 use axum::http::StatusCode;
 use axum::Json;
-use dsec_wire::api::{ImageInfo, ImageList};
+use dsec_wire::api::{ImageActionEvent, ImageActionRequest, ImageInfo, ImageList};
 use futures::TryStreamExt as _;
 
 use super::{ApiPath, ApiQuery, AppState};
@@ -55,4 +55,163 @@ pub async fn remove(
 ) -> Result<StatusCode, EdgeError> {
     s.mgr.remove_image(&name)?;
     Ok(StatusCode::NO_CONTENT)
+}
+
+/// Folds layers no larger than this by default (64 MiB).
+pub const DEFAULT_FOLD_MAX_LAYER_BYTES: u64 = 64 << 20;
+
+/// `POST /edge/v1/images/{name}`: pull from a registry, or fold layers. With
+/// `accept: application/x-ndjson` the answer streams [`ImageActionEvent`] lines (progress, then
+/// `done` or `error`); otherwise it is a 201 [`ImageInfo`] when the action is finished.
+pub async fn action(
+    State(s): State<AppState>,
+    ApiPath(name): ApiPath<String>,
+    headers: axum::http::HeaderMap,
+    super::ApiJson(req): super::ApiJson<ImageActionRequest>,
+) -> Result<axum::response::Response, EdgeError> {
+    use axum::response::IntoResponse;
+    let name = dsec_image::canonical_name(&name).map_err(EdgeError::from_image)?;
+    let streaming = headers
+        .get(axum::http::header::ACCEPT)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| v.contains("application/x-ndjson"));
+    let store = s.mgr.image_store().clone();
+    if !streaming {
+        let info = run_action(&store, &name, req, &|_| {}).await?;
+        return Ok((StatusCode::CREATED, Json(info)).into_response());
+    }
+    let (tx, rx) = tokio::sync::mpsc::unbounded_channel::<ImageActionEvent>();
+    tokio::spawn(async move {
+        let progress_tx = tx.clone();
+        let progress = move |p: dsec_image::PullProgress| {
+            let _ = progress_tx.send(event_of(p));
+        };
+        let last = match run_action(&store, &name, req, &progress).await {
+            Ok(image) => ImageActionEvent::Done { image },
+            Err(e) => {
+                tracing::warn!(image = %name, error = %e, "image action failed");
+                ImageActionEvent::Error { error: e.detail() }
+            }
+        };
+        let _ = tx.send(last);
+    });
+    let lines = futures::stream::unfold(rx, |mut rx| async move {
+        let ev = rx.recv().await?;
+        let mut line = serde_json::to_vec(&ev).unwrap_or_default();
+        line.push(b'\n');
+        Some((Ok::<_, std::io::Error>(bytes::Bytes::from(line)), rx))
+    });
+    Ok((
+        StatusCode::OK,
+        [(axum::http::header::CONTENT_TYPE, "application/x-ndjson")],
+        Body::from_stream(lines),
+    )
+        .into_response())
+}
+
+async fn run_action(
+    store: &dsec_image::ImageStore,
+    name: &str,
+    req: ImageActionRequest,
+    progress: &dsec_image::registry::ProgressFn,
+) -> Result<ImageInfo, EdgeError> {
+    match req {
+        ImageActionRequest::Pull {
+            reference,
+            insecure,
+            username,
+            password,
+        } => {
+            let opts = dsec_image::PullOptions {
+                insecure,
+                username,
+                password,
+            };
+            store
+                .pull(name, &reference, &opts, progress)
+                .await
+                .map_err(EdgeError::from_image)
+        }
+        ImageActionRequest::Fold {
+            max_layer_bytes,
+            into,
+        } => {
+            let max = max_layer_bytes.unwrap_or(DEFAULT_FOLD_MAX_LAYER_BYTES);
+            store
+                .fold(name, max, into.as_deref())
+                .await
+                .map_err(EdgeError::from_image)
+        }
+    }
+}
+
+fn event_of(p: dsec_image::PullProgress) -> ImageActionEvent {
+    use dsec_image::PullProgress as P;
+    match p {
+        P::Manifest {
+            digest,
+            layers,
+            bytes,
+        } => ImageActionEvent::Manifest {
+            digest,
+            layers: layers as u64,
+            bytes,
+        },
+        P::Download {
+            layer,
+            digest,
+            done,
+            total,
+        } => ImageActionEvent::Download {
+            layer: layer as u64,
+            digest,
+            done,
+            total,
+        },
+        P::Build { layer } => ImageActionEvent::Build {
+            layer: layer as u64,
+        },
+    }
+}
+
+/// The image store's counters in the Prometheus text format (appended to `/metrics`).
+pub fn metrics_text(st: &dsec_image::StoreStats) -> String {
+    let mut out = String::new();
+    for (name, kind, help, v) in [
+        (
+            "dsec_edge_image_layer_mounts_total",
+            "counter",
+            "EROFS layer mounts made by the image store",
+            st.layer_mounts,
+        ),
+        (
+            "dsec_edge_image_meta_fetches_total",
+            "counter",
+            "Layer metadata images copied from the blob store to local disk",
+            st.meta_fetches,
+        ),
+        (
+            "dsec_edge_image_meta_fetch_bytes_total",
+            "counter",
+            "Bytes of layer metadata images copied from the blob store",
+            st.meta_fetch_bytes,
+        ),
+        (
+            "dsec_edge_image_blob_verifications_total",
+            "counter",
+            "Data blobs checked before a first mount",
+            st.blob_verifications,
+        ),
+        (
+            "dsec_edge_image_layers_mounted",
+            "gauge",
+            "Layers mounted right now",
+            st.layers_mounted,
+        ),
+    ] {
+        out.push_str(&format!(
+            "# HELP {name} {help}\n# TYPE {name} {kind}\n{name} {v}\n"
+        ));
+    }
+    out
 }

@@ -76,7 +76,9 @@ pub fn router(mgr: Arc<Manager>, token: &str) -> Router {
         .route("/edge/v1/images", get(images::list))
         .route(
             "/edge/v1/images/{*name}",
-            axum::routing::put(images::import).delete(images::remove),
+            axum::routing::put(images::import)
+                .delete(images::remove)
+                .post(images::action),
         )
         .route("/edge/v1/status", get(status::status))
         .route_layer(middleware::from_fn_with_state(state.clone(), auth));
