@@ -9,8 +9,7 @@ use dsec_client::{Client, ClientError};
 use dsec_edge::trajectory::reader::{parse_jsonl, to_jsonl};
 use dsec_edge::trajectory::replay::{diff, is_replayable, Observed};
 use dsec_wire::api::{
-    CreateSandboxRequest, ErrorDetail, ExecRequest, RunShellRequest, SandboxInfo,
-    TrajectoryRecord,
+    CreateSandboxRequest, ErrorDetail, ExecRequest, RunShellRequest, SandboxInfo, TrajectoryRecord,
 };
 
 #[derive(Args, Debug)]
@@ -42,7 +41,11 @@ pub struct TrajectoryArgs {
 
 fn summary(r: &TrajectoryRecord) -> String {
     let what = match r.kind.as_str() {
-        "shell" => r.request.get("cmd").and_then(|v| v.as_str()).map(str::to_string),
+        "shell" => r
+            .request
+            .get("cmd")
+            .and_then(|v| v.as_str())
+            .map(str::to_string),
         "exec" => r.request.get("argv").map(|v| v.to_string()),
         _ => r
             .request
@@ -100,7 +103,10 @@ pub async fn trajectory(c: &Client, a: TrajectoryArgs) -> anyhow::Result<()> {
             return Ok(());
         }
     }
-    println!("{:>5} {:>5} {:<12} {:>9} {:<14} request", "seq", "step", "kind", "ms", "status");
+    println!(
+        "{:>5} {:>5} {:<12} {:>9} {:<14} request",
+        "seq", "step", "kind", "ms", "status"
+    );
     for r in &records {
         println!("{}", summary(r));
     }
@@ -154,10 +160,12 @@ async fn rerun(c: &Client, id: &str, src: &str, r: &TrajectoryRecord) -> anyhow:
             let Some(digest) = r.blobs.get("content") else {
                 bail!("record {} (write_file {path}) does not keep its content (an upload without a step): cannot replay it", r.seq);
             };
-            let data = c
-                .trajectory_blob(src, digest)
-                .await
-                .with_context(|| format!("fetch the content of record {} from sandbox {src}'s log", r.seq))?;
+            let data = c.trajectory_blob(src, digest).await.with_context(|| {
+                format!(
+                    "fetch the content of record {} from sandbox {src}'s log",
+                    r.seq
+                )
+            })?;
             let len = data.len() as u64;
             c.write_file(id, &path, Some(mode), std::io::Cursor::new(data), Some(len))
                 .await
@@ -167,14 +175,25 @@ async fn rerun(c: &Client, id: &str, src: &str, r: &TrajectoryRecord) -> anyhow:
             let path: String = param(r, "path")?;
             c.read_file_bytes(id, &path).await.map(Observed::Content)
         }
-        "list_files" => c.list_files(id, &param::<String>(r, "path")?).await.map(Observed::List),
-        "stat" => c.stat(id, &param::<String>(r, "path")?).await.map(Observed::Info),
+        "list_files" => c
+            .list_files(id, &param::<String>(r, "path")?)
+            .await
+            .map(Observed::List),
+        "stat" => c
+            .stat(id, &param::<String>(r, "path")?)
+            .await
+            .map(Observed::Info),
         "remove" => c
             .remove(id, &param::<String>(r, "path")?, param(r, "recursive")?)
             .await
             .map(|_| Observed::Done),
         "mkdir" => c
-            .mkdir(id, &param::<String>(r, "path")?, Some(param(r, "mode")?), param(r, "parents")?)
+            .mkdir(
+                id,
+                &param::<String>(r, "path")?,
+                Some(param(r, "mode")?),
+                param(r, "parents")?,
+            )
             .await
             .map(Observed::Info),
         other => bail!("record {}: kind {other} is not replayable", r.seq),
@@ -202,9 +221,10 @@ struct Report {
 }
 
 pub async fn replay(c: &Client, a: ReplayArgs) -> anyhow::Result<()> {
-    let text = std::fs::read_to_string(&a.file)
-        .with_context(|| format!("read {}", a.file.display()))?;
-    let mut records = parse_jsonl(&text).map_err(|e| anyhow::anyhow!("{}: {e}", a.file.display()))?;
+    let text =
+        std::fs::read_to_string(&a.file).with_context(|| format!("read {}", a.file.display()))?;
+    let mut records =
+        parse_jsonl(&text).map_err(|e| anyhow::anyhow!("{}: {e}", a.file.display()))?;
     records.sort_by_key(|r| r.seq);
     let create = records
         .iter()
@@ -219,11 +239,16 @@ pub async fn replay(c: &Client, a: ReplayArgs) -> anyhow::Result<()> {
     req.hostname = Some(orig.hostname.clone());
     req.idempotency_key = None;
     if req.env.values().any(|v| v == "<redacted>") {
-        eprintln!("note: the recorded env values were redacted; the replay sandbox gets none of them");
+        eprintln!(
+            "note: the recorded env values were redacted; the replay sandbox gets none of them"
+        );
         req.env.clear();
     }
     let sb = c.create(&req).await.context("create the replay sandbox")?;
-    eprintln!("replaying {} in sandbox {} (image {})", orig.id, sb.id, sb.image);
+    eprintln!(
+        "replaying {} in sandbox {} (image {})",
+        orig.id, sb.id, sb.image
+    );
     let mut report = Report {
         source: orig.id.clone(),
         sandbox: sb.id.clone(),

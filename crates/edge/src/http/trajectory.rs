@@ -36,9 +36,5 @@ pub async fn blob(
     ApiPath((id, digest)): ApiPath<(String, String)>,
 ) -> Result<Response, EdgeError> {
     let data = s.mgr.trajectory().blob_of(&id, &digest)?;
-    Ok((
-        [(header::CONTENT_TYPE, "application/octet-stream")],
-        data,
-    )
-        .into_response())
+    Ok(([(header::CONTENT_TYPE, "application/octet-stream")], data).into_response())
 }

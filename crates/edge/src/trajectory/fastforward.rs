@@ -33,8 +33,16 @@ pub type Waiter = watch::Receiver<Option<Finished>>;
 pub type Notifier = watch::Sender<Option<Finished>>;
 
 enum Slot {
-    Running { kind: String, key: Value, done: Waiter },
-    Done { kind: String, key: Value, pos: Position },
+    Running {
+        kind: String,
+        key: Value,
+        done: Waiter,
+    },
+    Done {
+        kind: String,
+        key: Value,
+        pos: Position,
+    },
 }
 
 /// What a call with a step id must do.
@@ -68,7 +76,9 @@ fn describe(kind: &str, key: &Value) -> String {
 
 impl Steps {
     /// Rebuilds the index from a log's records.
-    pub fn from_records<'a>(records: impl IntoIterator<Item = (&'a TrajectoryRecord, Position)>) -> Steps {
+    pub fn from_records<'a>(
+        records: impl IntoIterator<Item = (&'a TrajectoryRecord, Position)>,
+    ) -> Steps {
         let mut s = Steps::default();
         for (rec, pos) in records {
             if let Some(step) = rec.step {
@@ -83,7 +93,11 @@ impl Steps {
     /// Decides what a call `kind`/`key` with step `step` does.
     pub fn claim(&mut self, step: u64, kind: &str, key: &Value) -> Claim {
         match self.slots.get(&step) {
-            Some(Slot::Done { kind: k, key: v, pos }) => {
+            Some(Slot::Done {
+                kind: k,
+                key: v,
+                pos,
+            }) => {
                 if k == kind && v == key {
                     Claim::Replay(*pos)
                 } else {
@@ -95,7 +109,11 @@ impl Steps {
                     ))
                 }
             }
-            Some(Slot::Running { kind: k, key: v, done }) => {
+            Some(Slot::Running {
+                kind: k,
+                key: v,
+                done,
+            }) => {
                 if k == kind && v == key {
                     Claim::Wait(done.clone())
                 } else {
@@ -187,7 +205,9 @@ mod tests {
             Claim::Wait(w) => w,
             _ => panic!("running step must be waited for"),
         };
-        assert!(matches!(s.claim(1, "shell", &json!({"cmd": "rm -rf /"})), Claim::Conflict(m) if m.contains("step 1 is running")));
+        assert!(
+            matches!(s.claim(1, "shell", &json!({"cmd": "rm -rf /"})), Claim::Conflict(m) if m.contains("step 1 is running"))
+        );
         assert!(matches!(s.claim(1, "exec", &k), Claim::Conflict(_)));
         s.complete(1, "shell", k.clone(), P);
         let _ = tx.send(Some(Finished::Failed(ErrorDetail {
@@ -196,7 +216,9 @@ mod tests {
         })));
         assert!(w.has_changed().unwrap());
         assert!(matches!(s.claim(1, "shell", &k), Claim::Replay(p) if p == P));
-        assert!(matches!(s.claim(1, "shell", &json!({"cmd": "echo 2"})), Claim::Conflict(m) if m.contains("already completed")));
+        assert!(
+            matches!(s.claim(1, "shell", &json!({"cmd": "echo 2"})), Claim::Conflict(m) if m.contains("already completed"))
+        );
         assert_eq!(s.last_completed(), Some(1));
         assert!(s.running().is_empty());
     }

@@ -24,7 +24,8 @@ pub fn shell_key(r: &RunShellRequest) -> Value {
 
 /// What makes two exec calls the same step; `stdin` is the bytes given (base64, `null` if none).
 pub fn exec_key(r: &ExecRequest, stdin: &Bytes) -> Value {
-    let stdin = (!stdin.is_empty()).then(|| base64::engine::general_purpose::STANDARD.encode(stdin));
+    let stdin =
+        (!stdin.is_empty()).then(|| base64::engine::general_purpose::STANDARD.encode(stdin));
     json!({"argv": r.argv, "cwd": r.cwd, "env": r.env, "stdin_b64": stdin, "user": r.user})
 }
 
@@ -110,17 +111,21 @@ pub fn record_stream(
                     StreamEvent::Exit { mut result } => {
                         (result.stdout, result.stdout_b64) = text_and_b64(&t.stdout);
                         (result.stderr, result.stderr_b64) = text_and_b64(&t.stderr);
-                        result.stdout_truncated |= result.stdout_total_bytes > t.stdout.len() as u64;
-                        result.stderr_truncated |= result.stderr_total_bytes > t.stderr.len() as u64;
+                        result.stdout_truncated |=
+                            result.stdout_total_bytes > t.stdout.len() as u64;
+                        result.stderr_truncated |=
+                            result.stderr_total_bytes > t.stderr.len() as u64;
                         Some(Ok(result))
                     }
                     StreamEvent::Error { error } => Some(Err(super::error_from_detail(&error))),
                 };
                 if let (Some(r), false) = (done, t.recorded) {
                     t.recorded = true;
-                    let (traj, log, request, key) = (traj.clone(), log.clone(), request.clone(), key.clone());
+                    let (traj, log, request, key) =
+                        (traj.clone(), log.clone(), request.clone(), key.clone());
                     tokio::spawn(async move {
-                        traj.record_async(log, None, kind, request, key, start, &r).await;
+                        traj.record_async(log, None, kind, request, key, start, &r)
+                            .await;
                     });
                 }
             }
@@ -136,7 +141,8 @@ where
 {
     let mut buf = bytes::BytesMut::new();
     while let Some(chunk) = body.next().await {
-        let chunk = chunk.map_err(|e| EdgeError::BadRequest(format!("reading the upload body failed: {e}")))?;
+        let chunk = chunk
+            .map_err(|e| EdgeError::BadRequest(format!("reading the upload body failed: {e}")))?;
         if (buf.len() + chunk.len()) as u64 > max {
             return Err(EdgeError::PayloadTooLarge(format!(
                 "a stepped upload is kept in the trajectory log and may be at most {max} bytes; \
@@ -160,7 +166,12 @@ impl Hashed {
 }
 
 /// Passes an upload body through, hashing it.
-pub fn hashing<S>(body: S) -> (impl Stream<Item = Result<Bytes, axum::Error>> + Send + Unpin + 'static, Hashed)
+pub fn hashing<S>(
+    body: S,
+) -> (
+    impl Stream<Item = Result<Bytes, axum::Error>> + Send + Unpin + 'static,
+    Hashed,
+)
 where
     S: Stream<Item = Result<Bytes, axum::Error>> + Send + Unpin + 'static,
 {
@@ -228,7 +239,12 @@ pub fn begin(
             }
         }
     }
-    traj.note(id, "create", request, Ok(serde_json::to_value(info).unwrap_or(Value::Null)));
+    traj.note(
+        id,
+        "create",
+        request,
+        Ok(serde_json::to_value(info).unwrap_or(Value::Null)),
+    );
 }
 
 /// Records how a sandbox ended (`stop` or `died`) and closes its log.

@@ -33,11 +33,12 @@ pub const MAX_PAYLOAD: u32 = 16 * 1024 * 1024;
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
 #[serde(rename_all = "snake_case")]
 pub enum FsyncPolicy {
-    /// `fdatasync` after every record, before the call is answered (the default).
-    #[default]
+    /// `fdatasync` after every record, before the call is answered.
     Always,
-    /// `fdatasync` by a background task every `fsync_interval_ms` (group commit); a machine
-    /// crash may lose that window, a process crash loses nothing (records are `write`n first).
+    /// `fdatasync` by a background task every `fsync_interval_ms` (group commit; the default); a
+    /// machine crash may lose that window, a process crash loses nothing (records are `write`n
+    /// before the call is answered).
+    #[default]
     Batch,
     /// Never `fdatasync`; the kernel writes back when it likes.
     Never,
@@ -149,7 +150,10 @@ pub fn scan(buf: &[u8]) -> Scan {
             Ok((rec, n)) => {
                 let expected = records.len() as u64 + 1;
                 if rec.seq != expected {
-                    bad = Some((off as u64, format!("seq {} where {expected} was expected", rec.seq)));
+                    bad = Some((
+                        off as u64,
+                        format!("seq {} where {expected} was expected", rec.seq),
+                    ));
                     break;
                 }
                 records.push((
@@ -171,9 +175,8 @@ pub fn scan(buf: &[u8]) -> Scan {
         None => false,
         Some((at, _)) => {
             let start = *at as usize + 1;
-            (start..buf.len().saturating_sub(HEADER - 1)).any(|i| {
-                buf[i..].starts_with(&MAGIC) && decode_at(buf, i).is_ok()
-            })
+            (start..buf.len().saturating_sub(HEADER - 1))
+                .any(|i| buf[i..].starts_with(&MAGIC) && decode_at(buf, i).is_ok())
         }
     };
     Scan {
@@ -298,6 +301,16 @@ impl LogFile {
             self.dirty = false;
         }
         Ok(())
+    }
+
+    /// For a group commit outside the log's lock: a handle to `fdatasync` when records were
+    /// written since the last sync (they are marked synced; a failed sync is logged by the caller).
+    pub fn take_pending_sync(&mut self) -> Option<std::io::Result<File>> {
+        if !self.dirty {
+            return None;
+        }
+        self.dirty = false;
+        Some(self.file.try_clone())
     }
 
     /// Reads back the record at `pos`.
@@ -434,9 +447,16 @@ mod tests {
                 assert_eq!(offset, pos[1].offset);
                 assert_eq!(why, "CRC mismatch");
             }
-            other => panic!("expected Corrupt, got {:?}", other.map(|(_, o)| o.records.len())),
+            other => panic!(
+                "expected Corrupt, got {:?}",
+                other.map(|(_, o)| o.records.len())
+            ),
         }
-        assert_eq!(std::fs::read(&p).unwrap(), bytes, "a corrupt log is left as is");
+        assert_eq!(
+            std::fs::read(&p).unwrap(),
+            bytes,
+            "a corrupt log is left as is"
+        );
         // A reader still gets the valid prefix only.
         assert_eq!(read_all(&p).unwrap().len(), 1);
     }

@@ -47,8 +47,10 @@ use log::{LogFile, Position};
 pub struct TrajectoryConfig {
     /// Log sandboxes by default (a create may still say `trajectory: false`).
     pub enabled: bool,
-    /// `always` (default: fdatasync before answering), `batch` (group commit every
-    /// `fsync_interval_ms`) or `never`.
+    /// `batch` (default: group commit every `fsync_interval_ms`), `always` (fdatasync before
+    /// answering) or `never`. Records are written before a call is answered under every
+    /// policy, so an edge crash loses nothing; the policy decides what a machine crash may lose
+    /// (and a machine crash also ends every sandbox, so fast-forward never depends on it).
     pub fsync: FsyncPolicy,
     pub fsync_interval_ms: u64,
     /// How long a log is kept after its sandbox ended, in hours (default 7 days).
@@ -63,7 +65,7 @@ impl Default for TrajectoryConfig {
     fn default() -> Self {
         Self {
             enabled: true,
-            fsync: FsyncPolicy::Always,
+            fsync: FsyncPolicy::Batch,
             fsync_interval_ms: 10,
             retention_hours: 7 * 24,
             inline_output_bytes: 4096,
@@ -85,7 +87,10 @@ impl TrajectoryConfig {
             return Err(("trajectory.retention_hours", "must be at least 1".into()));
         }
         if self.inline_output_bytes > 1024 * 1024 {
-            return Err(("trajectory.inline_output_bytes", "must be at most 1 MiB".into()));
+            return Err((
+                "trajectory.inline_output_bytes",
+                "must be at most 1 MiB".into(),
+            ));
         }
         Ok(())
     }
@@ -287,12 +292,18 @@ impl Recorded for Content {
     }
     fn restore(rec: &TrajectoryRecord, blobs: &BlobStore) -> Result<Self, EdgeError> {
         use base64::Engine as _;
-        let mode = rec.result.get("mode").and_then(Value::as_u64).unwrap_or(0o644) as u32;
+        let mode = rec
+            .result
+            .get("mode")
+            .and_then(Value::as_u64)
+            .unwrap_or(0o644) as u32;
         let data = match (rec.blobs.get("content"), rec.result.get("content_b64")) {
             (Some(d), _) => blobs.get(d)?,
             (None, Some(Value::String(b))) => base64::engine::general_purpose::STANDARD
                 .decode(b)
-                .map_err(|e| EdgeError::Internal(format!("record {}: content_b64: {e}", rec.seq)))?,
+                .map_err(|e| {
+                EdgeError::Internal(format!("record {}: content_b64: {e}", rec.seq))
+            })?,
             (None, _) => Vec::new(),
         };
         Ok(Content {
@@ -326,7 +337,9 @@ impl BlobStore {
             return Ok(digest);
         }
         std::fs::create_dir_all(&self.dir)?;
-        let tmp = self.dir.join(format!(".{digest}.{}", rand::random::<u32>()));
+        let tmp = self
+            .dir
+            .join(format!(".{digest}.{}", rand::random::<u32>()));
         let mut f = std::fs::File::create(&tmp)?;
         f.write_all(data)?;
         if sync {
@@ -588,7 +601,8 @@ impl Trajectories {
         let Some(step) = step else {
             let start = now_ms();
             let r = run().await;
-            self.record_async(log, None, kind, request, key, start, &r).await;
+            self.record_async(log, None, kind, request, key, start, &r)
+                .await;
             return r.map(fresh);
         };
         let claim = lock(&log.inner).steps.claim(step, kind, &key);
@@ -633,7 +647,9 @@ impl Trajectories {
                             lock(&log.inner).steps.release(step);
                             Finished::Failed(ErrorDetail {
                                 code: codes::INTERNAL.into(),
-                                message: format!("step {step} ran but could not be recorded; see the edge log"),
+                                message: format!(
+                                    "step {step} ran but could not be recorded; see the edge log"
+                                ),
                             })
                         }
                     };
@@ -716,10 +732,12 @@ impl Trajectories {
         }
         match log::read_all(&path) {
             Ok(r) => Ok(r),
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Err(EdgeError::NotFound(format!(
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                Err(EdgeError::NotFound(format!(
                 "sandbox {id} has no trajectory log on this node (created with trajectory: false, \
                  unknown, or its log passed the retention period)"
-            ))),
+            )))
+            }
             Err(e) => Err(EdgeError::internal("read trajectory log", &e)),
         }
     }
@@ -750,8 +768,12 @@ impl Trajectories {
     pub fn sync_all(&self) {
         let logs: Vec<Arc<SandboxLog>> = lock(&self.logs).values().cloned().collect();
         for log in logs {
-            if let Err(e) = lock(&log.inner).file.sync() {
-                tracing::error!(sandbox = %log.id, error = %e, "sync trajectory log");
+            // fdatasync outside the lock: appends go on meanwhile.
+            let pending = lock(&log.inner).file.take_pending_sync();
+            if let Some(r) = pending {
+                if let Err(e) = r.and_then(|f| f.sync_data()) {
+                    tracing::error!(sandbox = %log.id, error = %e, "sync trajectory log");
+                }
             }
         }
     }
@@ -792,7 +814,10 @@ impl Trajectories {
             }
         }
         if !removed.is_empty() {
-            tracing::info!(count = removed.len(), "removed trajectory logs past retention");
+            tracing::info!(
+                count = removed.len(),
+                "removed trajectory logs past retention"
+            );
         }
         removed
     }
@@ -848,13 +873,20 @@ mod tests {
         let call = |t: Arc<Trajectories>, cmd: &'static str| {
             let runs = runs.clone();
             async move {
-                t.call(ID, Some(1), "shell", json!({"cmd": cmd}), json!({"cmd": cmd}), move || async move {
-                    runs.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
-                    Ok(CommandResult {
-                        stdout: "a long output, kept out of line".into(),
-                        ..Default::default()
-                    })
-                })
+                t.call(
+                    ID,
+                    Some(1),
+                    "shell",
+                    json!({"cmd": cmd}),
+                    json!({"cmd": cmd}),
+                    move || async move {
+                        runs.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                        Ok(CommandResult {
+                            stdout: "a long output, kept out of line".into(),
+                            ..Default::default()
+                        })
+                    },
+                )
                 .await
             }
         };
@@ -884,10 +916,20 @@ mod tests {
         let (go_tx, go_rx) = tokio::sync::oneshot::channel::<()>();
         let t1 = t.clone();
         let first = tokio::spawn(async move {
-            t1.call(ID, Some(7), "exec", json!(1), json!(1), move || async move {
-                let _ = go_rx.await;
-                Ok(CommandResult { exit_code: 3, ..Default::default() })
-            })
+            t1.call(
+                ID,
+                Some(7),
+                "exec",
+                json!(1),
+                json!(1),
+                move || async move {
+                    let _ = go_rx.await;
+                    Ok(CommandResult {
+                        exit_code: 3,
+                        ..Default::default()
+                    })
+                },
+            )
             .await
         });
         tokio::time::sleep(Duration::from_millis(50)).await;
@@ -945,7 +987,9 @@ mod tests {
         t.begin(ID, Some(false)).unwrap();
         for _ in 0..2 {
             let a = t
-                .call(ID, Some(1), "shell", json!(1), json!(1), || async { Ok(CommandResult::default()) })
+                .call(ID, Some(1), "shell", json!(1), json!(1), || async {
+                    Ok(CommandResult::default())
+                })
                 .await
                 .unwrap();
             assert!(!a.replayed);
@@ -962,7 +1006,8 @@ mod tests {
         let old = d.path().join("sb-n0-00000000000000bb.log");
         std::fs::write(&old, b"").unwrap();
         let f = std::fs::File::options().append(true).open(&old).unwrap();
-        f.set_modified(SystemTime::now() - Duration::from_secs(8 * 24 * 3600)).unwrap();
+        f.set_modified(SystemTime::now() - Duration::from_secs(8 * 24 * 3600))
+            .unwrap();
         let recent = d.path().join("sb-n0-00000000000000cc.log");
         std::fs::write(&recent, b"").unwrap();
         assert_eq!(t.reap(), vec!["sb-n0-00000000000000bb".to_string()]);

@@ -101,7 +101,12 @@ pub fn provenance(
         .iter()
         .rev()
         .filter(|r| r.start_ms - 1.0 <= ms && ms <= r.end_ms + 1.0)
-        .filter(|r| !matches!(r.kind.as_str(), "read_file" | "list_files" | "stat" | "create"))
+        .filter(|r| {
+            !matches!(
+                r.kind.as_str(),
+                "read_file" | "list_files" | "stat" | "create"
+            )
+        })
         .cloned()
         .collect();
     match (last_api, by_time.is_empty()) {
@@ -142,22 +147,54 @@ mod tests {
 
     #[test]
     fn filters() {
-        let recs = [r(1, None, "create", 1000.0, 1001.0), r(2, Some(1), "shell", 2000.0, 2001.0), r(3, Some(2), "exec", 3000.0, 3001.0)];
-        let f = Filter { from: Some(2), ..Default::default() };
+        let recs = [
+            r(1, None, "create", 1000.0, 1001.0),
+            r(2, Some(1), "shell", 2000.0, 2001.0),
+            r(3, Some(2), "exec", 3000.0, 3001.0),
+        ];
+        let f = Filter {
+            from: Some(2),
+            ..Default::default()
+        };
         assert_eq!(recs.iter().filter(|x| f.matches(x)).count(), 1);
-        let f = Filter { kind: Some("shell, create".into()), ..Default::default() };
-        assert_eq!(recs.iter().filter(|x| f.matches(x)).map(|x| x.seq).collect::<Vec<_>>(), vec![1, 2]);
-        let f = Filter { since: Some(2.0), until: Some(3.0), ..Default::default() };
-        assert_eq!(recs.iter().filter(|x| f.matches(x)).map(|x| x.seq).collect::<Vec<_>>(), vec![2]);
+        let f = Filter {
+            kind: Some("shell, create".into()),
+            ..Default::default()
+        };
+        assert_eq!(
+            recs.iter()
+                .filter(|x| f.matches(x))
+                .map(|x| x.seq)
+                .collect::<Vec<_>>(),
+            vec![1, 2]
+        );
+        let f = Filter {
+            since: Some(2.0),
+            until: Some(3.0),
+            ..Default::default()
+        };
+        assert_eq!(
+            recs.iter()
+                .filter(|x| f.matches(x))
+                .map(|x| x.seq)
+                .collect::<Vec<_>>(),
+            vec![2]
+        );
         let text = String::from_utf8(to_jsonl(&recs)).unwrap();
         assert_eq!(parse_jsonl(&text).unwrap(), recs.to_vec());
-        assert!(parse_jsonl("{}\nnot json").unwrap_err().starts_with("line 1"));
+        assert!(parse_jsonl("{}\nnot json")
+            .unwrap_err()
+            .starts_with("line 1"));
     }
 
     #[test]
     fn provenance_sources() {
         let mut w = r(2, Some(1), "write_file", 2000.0, 2010.0);
-        w.files_written = vec![FileDigest { path: "/a".into(), sha256: "x".into(), size: 1 }];
+        w.files_written = vec![FileDigest {
+            path: "/a".into(),
+            sha256: "x".into(),
+            size: 1,
+        }];
         let sh = r(3, Some(2), "shell", 3000.0, 3050.0);
         let mut mk = r(4, Some(3), "mkdir", 4000.0, 4001.0);
         mk.request = json!({"path": "/d"});

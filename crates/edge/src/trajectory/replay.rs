@@ -35,11 +35,28 @@ fn short(s: &str) -> String {
     format!("{t:?}")
 }
 
-fn out_diff(name: &str, rec: &TrajectoryRecord, recorded: &str, now_bytes: &[u8], now_text: &str) -> Option<String> {
+fn out_diff(
+    name: &str,
+    rec: &TrajectoryRecord,
+    recorded: &str,
+    now_bytes: &[u8],
+    now_text: &str,
+) -> Option<String> {
     match rec.blobs.get(name) {
-        Some(d) => (sha256_hex(now_bytes) != *d)
-            .then(|| format!("{name}: recorded sha256 {}…, now {}", &d[..12.min(d.len())], short(now_text))),
-        None => (recorded != now_text).then(|| format!("{name}: recorded {}, now {}", short(recorded), short(now_text))),
+        Some(d) => (sha256_hex(now_bytes) != *d).then(|| {
+            format!(
+                "{name}: recorded sha256 {}…, now {}",
+                &d[..12.min(d.len())],
+                short(now_text)
+            )
+        }),
+        None => (recorded != now_text).then(|| {
+            format!(
+                "{name}: recorded {}, now {}",
+                short(recorded),
+                short(now_text)
+            )
+        }),
     }
 }
 
@@ -54,11 +71,19 @@ pub fn diff(rec: &TrajectoryRecord, now: &Observed) -> Vec<String> {
             return d;
         }
         (Some(e), _) => {
-            d.push(format!("recorded error {} ({}), now it succeeded", e.code, short(&e.message)));
+            d.push(format!(
+                "recorded error {} ({}), now it succeeded",
+                e.code,
+                short(&e.message)
+            ));
             return d;
         }
         (None, Observed::Error(n)) => {
-            d.push(format!("recorded success, now error {} ({})", n.code, short(&n.message)));
+            d.push(format!(
+                "recorded success, now error {} ({})",
+                n.code,
+                short(&n.message)
+            ));
             return d;
         }
         _ => {}
@@ -70,13 +95,22 @@ pub fn diff(rec: &TrajectoryRecord, now: &Observed) -> Vec<String> {
                 Err(e) => return vec![format!("unreadable recorded result: {e}")],
             };
             if r.exit_code != c.exit_code {
-                d.push(format!("exit_code: recorded {}, now {}", r.exit_code, c.exit_code));
+                d.push(format!(
+                    "exit_code: recorded {}, now {}",
+                    r.exit_code, c.exit_code
+                ));
             }
             if r.signal != c.signal {
-                d.push(format!("signal: recorded {:?}, now {:?}", r.signal, c.signal));
+                d.push(format!(
+                    "signal: recorded {:?}, now {:?}",
+                    r.signal, c.signal
+                ));
             }
             if r.timed_out != c.timed_out {
-                d.push(format!("timed_out: recorded {}, now {}", r.timed_out, c.timed_out));
+                d.push(format!(
+                    "timed_out: recorded {}, now {}",
+                    r.timed_out, c.timed_out
+                ));
             }
             let now_out = super::bytes_of(&c.stdout, &c.stdout_b64);
             d.extend(out_diff("stdout", rec, &r.stdout, &now_out, &c.stdout));
@@ -84,15 +118,25 @@ pub fn diff(rec: &TrajectoryRecord, now: &Observed) -> Vec<String> {
             d.extend(out_diff("stderr", rec, &r.stderr, &now_err, &c.stderr));
         }
         Observed::Content(bytes) => {
-            let recorded = rec.result.get("sha256").and_then(|v| v.as_str()).unwrap_or("");
+            let recorded = rec
+                .result
+                .get("sha256")
+                .and_then(|v| v.as_str())
+                .unwrap_or("");
             let now = sha256_hex(bytes);
             if !recorded.is_empty() && recorded != now {
-                d.push(format!("content: recorded sha256 {}…, now {}… ({} bytes)", &recorded[..12.min(recorded.len())], &now[..12], bytes.len()));
+                d.push(format!(
+                    "content: recorded sha256 {}…, now {}… ({} bytes)",
+                    &recorded[..12.min(recorded.len())],
+                    &now[..12],
+                    bytes.len()
+                ));
             }
         }
         Observed::Info(i) => {
             if let Ok(r) = serde_json::from_value::<FileInfo>(rec.result.clone()) {
-                if (r.kind, r.size, r.mode, r.uid, r.gid) != (i.kind, i.size, i.mode, i.uid, i.gid) {
+                if (r.kind, r.size, r.mode, r.uid, r.gid) != (i.kind, i.size, i.mode, i.uid, i.gid)
+                {
                     d.push(format!(
                         "file info: recorded {:?} {} bytes mode {:o} uid {} gid {}, now {:?} {} bytes mode {:o} uid {} gid {}",
                         r.kind, r.size, r.mode, r.uid, r.gid, i.kind, i.size, i.mode, i.uid, i.gid
@@ -103,7 +147,8 @@ pub fn diff(rec: &TrajectoryRecord, now: &Observed) -> Vec<String> {
         Observed::List(l) => {
             if let Ok(r) = serde_json::from_value::<FileList>(rec.result.clone()) {
                 let key = |l: &FileList| {
-                    let mut v: Vec<(String, u64)> = l.entries.iter().map(|e| (e.name.clone(), e.size)).collect();
+                    let mut v: Vec<(String, u64)> =
+                        l.entries.iter().map(|e| (e.name.clone(), e.size)).collect();
                     v.sort();
                     v
                 };
@@ -147,11 +192,15 @@ mod tests {
                 ..Default::default()
             })
         };
-        assert!(diff(&shell_rec("a\n", 0), &now("a\n", 0)).is_empty(), "durations are not compared");
+        assert!(
+            diff(&shell_rec("a\n", 0), &now("a\n", 0)).is_empty(),
+            "durations are not compared"
+        );
         assert_eq!(diff(&shell_rec("a\n", 0), &now("b\n", 0)).len(), 1);
         assert_eq!(diff(&shell_rec("a\n", 0), &now("b\n", 1)).len(), 2);
         let mut big = shell_rec("", 0);
-        big.blobs.insert("stdout".into(), sha256_hex(b"long output"));
+        big.blobs
+            .insert("stdout".into(), sha256_hex(b"long output"));
         assert!(diff(&big, &now("long output", 0)).is_empty());
         assert_eq!(diff(&big, &now("other", 0)).len(), 1);
     }
@@ -166,7 +215,10 @@ mod tests {
         };
         assert!(diff(&r, &Observed::Content(b"x".to_vec())).is_empty());
         assert_eq!(diff(&r, &Observed::Content(b"y".to_vec())).len(), 1);
-        let nf = ErrorDetail { code: "file_not_found".into(), message: "gone".into() };
+        let nf = ErrorDetail {
+            code: "file_not_found".into(),
+            message: "gone".into(),
+        };
         assert_eq!(diff(&r, &Observed::Error(nf.clone())).len(), 1);
         r.error = Some(nf.clone());
         assert!(diff(&r, &Observed::Error(nf)).is_empty());
