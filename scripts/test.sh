@@ -13,16 +13,18 @@ python3 -m pip install -q ./sdk/python 2>/dev/null || python3 -m pip install -q 
 export DSEC_BIN=$PWD/target/release/dsec
 export DSEC_AETHER=$PWD/target/release/dsec-aether
 
-echo "[dsec] cargo fmt --check"
-cargo fmt --all -- --check
-echo "[dsec] cargo clippy"
-cargo clippy --release --workspace --all-targets -- -D warnings
-
+# Every stage runs even when an earlier one failed, so one run shows every problem; any
+# failure makes the whole run fail.
 status=0
+echo "[dsec] cargo fmt --check"
+cargo fmt --all -- --check || { echo "[dsec] FAILED: cargo fmt"; status=1; }
+echo "[dsec] cargo clippy"
+cargo clippy --release --workspace --all-targets -- -D warnings || { echo "[dsec] FAILED: clippy"; status=1; }
+
 echo "[dsec] cargo test (unit + privileged integration)"
-cargo test --release --workspace -- --test-threads=2 || status=1
+cargo test --release --workspace -- --test-threads=2 || { echo "[dsec] FAILED: cargo test"; status=1; }
 
 echo "[dsec] pytest (SDK unit tests + end-to-end suite)"
-python3 -m pytest -q -rs sdk/python/tests tests || status=1
+python3 -m pytest -q -rs sdk/python/tests tests || { echo "[dsec] FAILED: pytest"; status=1; }
 
 exit $status

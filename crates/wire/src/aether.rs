@@ -99,26 +99,58 @@ pub enum Request {
         stream: bool,
     },
     /// End a shell session and everything it started.
-    CloseSession { session: String },
+    CloseSession {
+        session: String,
+    },
     /// Cancel a running request (kills its processes); the request still ends with its reply.
-    Cancel { target: u64 },
+    Cancel {
+        target: u64,
+    },
     /// Start a file upload: truncate/create `path` with `mode` (owned by the sandbox user).
     /// Followed by `WriteChunk`s with the same id and a final `WriteEnd`.
-    WriteBegin { path: String, mode: u32, make_parents: bool },
+    WriteBegin {
+        path: String,
+        mode: u32,
+        make_parents: bool,
+    },
     /// Body: the next bytes of the file.
     WriteChunk,
     WriteEnd,
     /// Read a file: aether answers `Data` chunks then `FileEnd`.
-    ReadFile { path: String },
-    ListDir { path: String },
-    Stat { path: String },
-    Remove { path: String, recursive: bool },
-    Mkdir { path: String, mode: u32, parents: bool },
+    ReadFile {
+        path: String,
+    },
+    ListDir {
+        path: String,
+    },
+    Stat {
+        path: String,
+    },
+    Remove {
+        path: String,
+        recursive: bool,
+    },
+    Mkdir {
+        path: String,
+        mode: u32,
+        parents: bool,
+    },
     /// Open an interactive terminal running the session user's login shell.
-    TtyOpen { rows: u16, cols: u16, cmd: Option<Vec<String>>, env: BTreeMap<String, String> },
+    TtyOpen {
+        rows: u16,
+        cols: u16,
+        cmd: Option<Vec<String>>,
+        env: BTreeMap<String, String>,
+    },
     /// Body: keyboard bytes for the TTY opened by request `target`.
-    TtyInput { target: u64 },
-    TtyResize { target: u64, rows: u16, cols: u16 },
+    TtyInput {
+        target: u64,
+    },
+    TtyResize {
+        target: u64,
+        rows: u16,
+        cols: u16,
+    },
     /// Orderly end of the sandbox: aether kills everything and exits.
     Shutdown,
 }
@@ -137,22 +169,35 @@ pub enum Stream {
 #[serde(tag = "op", rename_all = "snake_case")]
 pub enum Reply {
     /// Setup finished; aether serves requests from now on.
-    Ready { pid_in_host: Option<i32>, aether_version: String },
-    Pong { sessions: u32, processes: u32 },
+    Ready {
+        pid_in_host: Option<i32>,
+        aether_version: String,
+    },
+    Pong {
+        sessions: u32,
+        processes: u32,
+    },
     /// Body: output bytes (streaming only).
-    Output { stream: Stream },
+    Output {
+        stream: Stream,
+    },
     /// Body: `stdout_len` bytes of kept stdout followed by `stderr_len` bytes of kept stderr.
     CommandDone(CommandOutcome),
     /// Body: bytes of a file being read.
     Data,
-    FileEnd { size: u64, mode: u32 },
+    FileEnd {
+        size: u64,
+        mode: u32,
+    },
     Written(FileInfo),
     Listed(FileList),
     Stat(FileInfo),
     /// Generic success for requests with nothing else to say.
     Done,
     /// The TTY's shell exited.
-    TtyExit { code: i32 },
+    TtyExit {
+        code: i32,
+    },
     Error(AetherError),
 }
 
@@ -222,7 +267,10 @@ pub enum FrameError {
 impl std::fmt::Display for FrameError {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
-            FrameError::TooLarge { header, body } => write!(f, "frame too large: header {header} bytes, body {body} bytes"),
+            FrameError::TooLarge { header, body } => write!(
+                f,
+                "frame too large: header {header} bytes, body {body} bytes"
+            ),
             FrameError::BadHeader(e) => write!(f, "bad frame header: {e}"),
         }
     }
@@ -251,7 +299,12 @@ mod tests {
 
     #[test]
     fn frame_round_trip() {
-        let env = Envelope { id: 7, msg: Msg::Request(Request::Stat { path: "/etc".into() }) };
+        let env = Envelope {
+            id: 7,
+            msg: Msg::Request(Request::Stat {
+                path: "/etc".into(),
+            }),
+        };
         let bytes = encode_frame(&env, b"xyz");
         let (h, b) = parse_prefix(bytes[..8].try_into().unwrap()).unwrap();
         assert_eq!(b, 3);
@@ -271,7 +324,10 @@ mod tests {
     #[test]
     fn terminal_replies() {
         assert!(!Reply::Data.is_terminal());
-        assert!(!Reply::Output { stream: Stream::Stdout }.is_terminal());
+        assert!(!Reply::Output {
+            stream: Stream::Stdout
+        }
+        .is_terminal());
         assert!(Reply::Done.is_terminal());
     }
 }

@@ -407,8 +407,16 @@ pub struct CommandResult {
 #[serde(tag = "type", rename_all = "snake_case")]
 pub enum StreamEvent {
     /// A chunk of output; `data` is UTF-8 (lossy) and `data_b64` carries exact bytes when not UTF-8.
-    Stdout { data: String, #[serde(default, skip_serializing_if = "Option::is_none")] data_b64: Option<String> },
-    Stderr { data: String, #[serde(default, skip_serializing_if = "Option::is_none")] data_b64: Option<String> },
+    Stdout {
+        data: String,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        data_b64: Option<String>,
+    },
+    Stderr {
+        data: String,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        data_b64: Option<String>,
+    },
     /// The final result (stdout/stderr in it are empty when streamed).
     Exit { result: CommandResult },
     /// The call failed; no `Exit` follows.
@@ -450,9 +458,14 @@ pub struct FileList {
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(tag = "type", rename_all = "snake_case")]
 pub enum TtyControl {
-    Resize { rows: u16, cols: u16 },
+    Resize {
+        rows: u16,
+        cols: u16,
+    },
     /// Sent by the server when the shell exits; the socket closes after it.
-    Exit { code: i32 },
+    Exit {
+        code: i32,
+    },
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -546,9 +559,15 @@ pub enum ImageActionEvent {
         total: u64,
     },
     /// Layer `layer` is being unpacked and built.
-    Build { layer: u64 },
-    Done { image: ImageInfo },
-    Error { error: ErrorDetail },
+    Build {
+        layer: u64,
+    },
+    Done {
+        image: ImageInfo,
+    },
+    Error {
+        error: ErrorDetail,
+    },
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -622,7 +641,10 @@ pub fn status_for_code(code: &str) -> u16 {
         codes::BAD_REQUEST => 400,
         codes::UNAUTHORIZED => 401,
         codes::FORBIDDEN => 403,
-        codes::SANDBOX_NOT_FOUND | codes::IMAGE_NOT_FOUND | codes::FILE_NOT_FOUND | codes::NOT_FOUND => 404,
+        codes::SANDBOX_NOT_FOUND
+        | codes::IMAGE_NOT_FOUND
+        | codes::FILE_NOT_FOUND
+        | codes::NOT_FOUND => 404,
         codes::CONFLICT => 409,
         codes::SANDBOX_DEAD => 410,
         codes::PAYLOAD_TOO_LARGE => 413,

@@ -14,7 +14,9 @@ pub fn node_of(sandbox_id: &str) -> Option<&str> {
     let (node, random) = rest.rsplit_once('-')?;
     let node_ok = !node.is_empty()
         && node.len() <= 16
-        && node.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit());
+        && node
+            .bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit());
     let random_ok = random.len() == 16 && random.bytes().all(|b| b.is_ascii_hexdigit());
     (node_ok && random_ok).then_some(node)
 }
@@ -38,7 +40,15 @@ mod tests {
 
     #[test]
     fn rejects_malformed() {
-        for bad in ["", "sb-", "sb-n0-", "sb-n0-xyz", "sb-../..-0000000000000000", "n0-3f9a2c01d4e5b6a7", "sb-N0-3f9a2c01d4e5b6a7"] {
+        for bad in [
+            "",
+            "sb-",
+            "sb-n0-",
+            "sb-n0-xyz",
+            "sb-../..-0000000000000000",
+            "n0-3f9a2c01d4e5b6a7",
+            "sb-N0-3f9a2c01d4e5b6a7",
+        ] {
             assert!(!is_valid_sandbox_id(bad), "{bad}");
         }
     }
