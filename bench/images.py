@@ -210,6 +210,7 @@ def main():
 
         data = os.path.join(local.mnt, "dsec")
         os.makedirs(data)
+        os.makedirs(os.path.join(store.mnt, "blobs"))
         cfg = data + ".toml"
         with open(cfg, "w") as f:
             f.write(f'[edge]\nimage_blob_store = "posix:{store.mnt}/blobs"\n')
