@@ -805,6 +805,8 @@ def test_concurrent_creates_fetch_and_mount_a_cold_layer_once(client, node):
     digest = info.layers[-1]["digest"]
     # As on a node that never used this layer: the metadata image is only in the blob store.
     os.unlink(os.path.join(node.data_dir, "edge", "images", "layers", f"{digest}.erofs"))
+    # Keep the busybox base mounted, so the only cold layer is the workspace's.
+    warm = make_sandbox(client, "busybox")
     before = _edge_metrics(client)
     n = 8
     with concurrent.futures.ThreadPoolExecutor(n) as pool:
@@ -820,6 +822,15 @@ def test_concurrent_creates_fetch_and_mount_a_cold_layer_once(client, node):
         assert users == n
         for sb in sbs[:2]:
             assert sh(sb, "busybox wc -c < /cold/data").strip() == "400000"
+        # GC: a layer in use cannot be removed.
+        with pytest.raises(dsec.DSecError) as e:
+            client.remove_image("i3-cold:v1")
+        assert "stop them first" in str(e.value), e.value
     finally:
-        for sb in sbs:
+        for sb in sbs + [warm]:
             stop_quietly(sb)
+    # Unreferenced: removed, with its layer files and blobs.
+    client.remove_image("i3-cold:v1")
+    assert not any(i.name == "i3-cold:v1" for i in client.list_images())
+    blobs = os.path.join(node.data_dir, "edge", "images", "blobs")
+    assert not any(f.startswith(digest) for f in os.listdir(blobs))
