@@ -79,6 +79,9 @@ pub fn router(state: AppState) -> Router {
         .route("/v1/keys", post(crate::iam::http::create_key))
         .route("/v1/keys/{id}", delete(crate::iam::http::revoke_key))
         .route("/v1/jobs/{op}", post(crate::jobs::job))
+        .route("/v1/functions/call", post(functions_forward))
+        .route("/v1/functions/batch", post(functions_forward))
+        .route("/v1/functions/pools", get(functions_forward))
         .route_layer(middleware::from_fn_with_state(state.clone(), require_key));
     Router::new()
         .merge(v1)
@@ -503,6 +506,36 @@ async fn images_stream(
     body: Body,
 ) -> Result<Response, ApiError> {
     let edge = image_edge(&st)?;
+    st.forwarder
+        .forward(
+            &edge,
+            method,
+            path_and_query(&uri),
+            &headers,
+            ForwardBody::Stream(body),
+            &route_of(&matched),
+        )
+        .await
+}
+
+/// Function calls (issue 4) go to the least loaded healthy edge.
+async fn functions_forward(
+    State(st): State<AppState>,
+    matched: Option<MatchedPath>,
+    method: Method,
+    uri: Uri,
+    headers: HeaderMap,
+    body: Body,
+) -> Result<Response, ApiError> {
+    let edge = st
+        .forwarder
+        .watcher()
+        .snapshot()
+        .into_iter()
+        .filter(|n| n.healthy)
+        .min_by(|a, b| crate::placement::load(a).total_cmp(&crate::placement::load(b)))
+        .map(|n| n.endpoint)
+        .ok_or_else(|| ApiError::NodeUnavailable("no healthy edge to run function calls".into()))?;
     st.forwarder
         .forward(
             &edge,

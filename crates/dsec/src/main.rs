@@ -89,6 +89,9 @@ pub enum Command {
     Resume(cmd::pause::PauseArgs),
     /// Copy a file into or out of a sandbox (one side is ID:/path).
     Cp(cmd::cp::CpArgs),
+    /// Function calls on pre-warmed workers (`dsec fn run --lang python FILE`).
+    #[command(subcommand, name = "fn")]
+    Fn(cmd::fn_::FnCommand),
     /// Manage images.
     #[command(subcommand)]
     Image(cmd::image::ImageCommand),
@@ -259,6 +262,7 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Pause(a) => cmd::pause::pause(&connect::client(&g)?, a).await,
         Command::Resume(a) => cmd::pause::resume(&connect::client(&g)?, a).await,
         Command::Cp(a) => cmd::cp::cp(&connect::client(&g)?, a).await,
+        Command::Fn(c) => cmd::fn_::run(&g, c).await,
         Command::Image(c) => cmd::image::image(&connect::client(&g)?, c).await,
         Command::Nodes(a) => cmd::nodes::nodes(&connect::client(&g)?, a).await,
         Command::Trajectory(a) => cmd::trajectory::trajectory(&connect::client(&g)?, a).await,

@@ -72,6 +72,8 @@ pub struct EdgeConfig {
     pub default_disk_limit_mb: u64,
     /// Per-sandbox write and read bandwidth limit on the sandboxes' disk in MiB/s (0: none).
     pub disk_bps_limit_mb: u64,
+    /// `[edge.functions]`: the pre-warmed function-call pools (see [`crate::function`]).
+    pub functions: crate::function::FunctionConfig,
 }
 
 impl Default for EdgeConfig {
@@ -109,6 +111,7 @@ impl Default for EdgeConfig {
             network: crate::network::NetworkConfig::default(),
             default_disk_limit_mb: 0,
             disk_bps_limit_mb: 0,
+            functions: Default::default(),
         }
     }
 }
@@ -140,6 +143,7 @@ impl EdgeConfig {
     /// Checks every value; the error names the first bad key.
     pub fn validate(&self) -> Result<(), ConfigError> {
         self.network.validate()?;
+        self.functions.validate().map_err(|m| bad("functions", m))?;
         if !is_valid_node_id(&self.node_id) {
             return Err(bad(
                 "node_id",

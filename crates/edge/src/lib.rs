@@ -29,6 +29,7 @@ pub mod config;
 pub mod disk;
 pub mod error;
 pub mod files;
+pub mod function;
 pub mod http;
 pub mod manager;
 pub mod metrics;
@@ -83,6 +84,8 @@ pub struct Edge {
     token: String,
     manager: Arc<Manager>,
     reaped: Vec<String>,
+    /// The function-call pools (container substrate only).
+    functions: Option<Arc<function::Functions>>,
 }
 
 impl Edge {
@@ -104,7 +107,19 @@ impl Edge {
             shm_mb: config.shm_mb,
         })
         .with_reattach_grace(config.reattach_grace_ms);
-        Self::start_with_driver(config, Arc::new(ContainerDriver::new(substrate))).await
+        let fn_substrate = substrate.clone().with_reattach_grace(0);
+        let mut edge =
+            Self::start_with_driver(config, Arc::new(ContainerDriver::new(substrate))).await?;
+        if edge.cfg.functions.enabled {
+            edge.functions = Some(function::Functions::start(
+                edge.cfg.functions.clone(),
+                fn_substrate,
+                edge.manager.image_store().clone(),
+                edge.cfg.edge_dir().join("functions"),
+                &edge.cfg.node_id,
+            ));
+        }
+        Ok(edge)
     }
 
     /// Starts an edge on any substrate driver: opens the image store, reaps what a crashed
@@ -128,7 +143,10 @@ impl Edge {
             Some(t) => t.clone(),
             None => load_or_make_token(&config.edge_dir().join("token"))?,
         };
-        let images = Arc::new(ImageStore::open_with(config.images_dir(), &config.image_blob_store)?);
+        let images = Arc::new(ImageStore::open_with(
+            config.images_dir(),
+            &config.image_blob_store,
+        )?);
         let cfg = Arc::new(config);
         let metrics = Arc::new(Metrics::new(&cfg.node_id));
         let manager = Arc::new(Manager::new(cfg.clone(), driver, images.clone(), metrics));
@@ -145,12 +163,17 @@ impl Edge {
             token,
             manager,
             reaped,
+            functions: None,
         })
     }
 
     /// The axum router serving `/edge/v1`, `/metrics` and `/healthz`.
     pub fn router(&self) -> axum::Router {
-        http::router(self.manager.clone(), &self.token)
+        http::router(self.manager.clone(), &self.token).merge(http::functions::router(
+            self.manager.clone(),
+            self.functions.clone(),
+            &self.token,
+        ))
     }
 
     /// The bearer token clients must present (configured or generated).
@@ -166,6 +189,11 @@ impl Edge {
         &self.manager
     }
 
+    /// The function-call service, when this edge runs one.
+    pub fn functions(&self) -> Option<&Arc<function::Functions>> {
+        self.functions.as_ref()
+    }
+
     /// Sandboxes of an earlier run that were cleaned at start.
     pub fn reaped(&self) -> &[String] {
         &self.reaped
@@ -173,6 +201,9 @@ impl Edge {
 
     /// Stops every sandbox and unmounts every layer.
     pub async fn shutdown(&self) {
+        if let Some(f) = &self.functions {
+            f.shutdown().await;
+        }
         self.manager.shutdown().await;
     }
 }

@@ -34,6 +34,7 @@ from .errors import (
     Unauthorized,
     Unsupported,
 )
+from .functions import FunctionResult, RunResult
 from .types import DSecContainerRunArgs, FileInfo, ImageInfo, JobOpResult, SandboxInfo, ShellResult, StreamEvent
 
 __version__ = "0.1.0"
@@ -47,6 +48,7 @@ __all__ = [
     "DSecError",
     "FileInfo",
     "FileNotFound",
+    "FunctionResult",
     "Forbidden",
     "ImageInfo",
     "ImageNotFound",
@@ -56,6 +58,7 @@ __all__ = [
     "NotFound",
     "PayloadTooLarge",
     "QuotaExceeded",
+    "RunResult",
     "Sandbox",
     "SandboxBusy",
     "SandboxDead",

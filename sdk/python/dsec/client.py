@@ -21,6 +21,7 @@ from urllib.parse import quote
 
 import httpx
 
+from .functions import FunctionsMixin
 from .errors import (
     CommandTimeout,
     DSecError,
@@ -94,7 +95,7 @@ def _http_timeout(command_timeout: Optional[float]) -> httpx.Timeout:
     return httpx.Timeout(total, connect=10.0)
 
 
-class DSecClient:
+class DSecClient(FunctionsMixin):
     """Asynchronous dsec client.
 
     ``api_url`` and ``api_key`` default to the ``DSEC_API_URL`` and ``DSEC_API_KEY`` environment

@@ -21,6 +21,7 @@ from typing import Any, AsyncIterator, Awaitable, Dict, Iterator, List, Mapping,
 
 from . import client as _async
 from .errors import SandboxNotFound
+from .functions import SyncFunctionsMixin
 from .types import DSecContainerRunArgs, FileInfo, ImageInfo, SandboxInfo, ShellResult, StreamEvent
 
 T = TypeVar("T")
@@ -65,7 +66,7 @@ class _LoopThread:
             self.loop.close()
 
 
-class DSecClient:
+class DSecClient(SyncFunctionsMixin):
     """Synchronous dsec client (see :class:`dsec.DSecClient` for the arguments)."""
 
     def __init__(

@@ -3,6 +3,7 @@
 pub mod bench;
 pub mod cp;
 pub mod exec;
+pub mod fn_;
 pub mod image;
 pub mod key;
 pub mod nodes;

@@ -5,6 +5,7 @@
 
 mod extract;
 mod files;
+pub mod functions;
 mod images;
 mod pack;
 mod pause;
@@ -63,8 +64,14 @@ pub fn router(mgr: Arc<Manager>, token: &str) -> Router {
         .route(&format!("{sb}/files/mkdir"), post(files::mkdir))
         .route(&format!("{sb}/tty"), get(tty::open))
         .route(&format!("{sb}/trajectory"), get(trajectory::export))
-        .route(&format!("{sb}/trajectory/last_step"), get(trajectory::last_step))
-        .route(&format!("{sb}/trajectory/blobs/{{digest}}"), get(trajectory::blob))
+        .route(
+            &format!("{sb}/trajectory/last_step"),
+            get(trajectory::last_step),
+        )
+        .route(
+            &format!("{sb}/trajectory/blobs/{{digest}}"),
+            get(trajectory::blob),
+        )
         .route(
             &format!("{sb}/network"),
             get(crate::network::http::get).put(crate::network::http::put),
@@ -122,7 +129,7 @@ fn token_matches(presented: &[u8], expected: &[u8]) -> bool {
             == 0
 }
 
-async fn auth(State(s): State<AppState>, req: Request, next: Next) -> Response {
+pub(crate) async fn auth(State(s): State<AppState>, req: Request, next: Next) -> Response {
     let presented = req
         .headers()
         .get(axum::http::header::AUTHORIZATION)

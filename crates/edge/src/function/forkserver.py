@@ -1,0 +1,316 @@
+# dsec function worker: a fork-server started once per warm worker container.
+#
+# It imports common modules once, then serves ONE connection (the edge's) on a unix socket
+# whose path is argv[1]; the socket file is removed and the listener closed as soon as the edge
+# is connected, so nothing inside the sandbox can talk to the server afterwards.
+#
+# Frames both ways: 4-byte big-endian length + JSON. Per request the server forks one child per
+# run. The child: new session, uid/gid 65534 (so it cannot touch the server, the image or files
+# of root), a fresh scratch dir as cwd and HOME, an environment built from scratch, rlimits
+# (CPU, file size = output limit, core 0), oom_score_adj 1000, stdout/stderr into memfds.
+# After every run everything except this server and PID 1 is SIGKILLed (kill(-1) with CAP_KILL)
+# and reaped (the server is a child subreaper); after every call the scratch dir and the
+# world-writable dirs are wiped.
+import base64, ctypes, json, os, select, signal, socket, struct, sys, time, traceback, resource
+import collections, itertools, functools, heapq, bisect, math, random, re, string, fractions
+import decimal, statistics, typing, dataclasses, operator, copy, io, array, enum, datetime
+try:
+    import numpy  # noqa: F401  (warm if the image has it)
+except Exception:
+    pass
+
+NOBODY = 65534
+SCRATCH_ROOT = "/dev/shm/.dsec-fn"
+_libc = ctypes.CDLL(None, use_errno=True)
+PR_SET_CHILD_SUBREAPER = 36
+
+
+def writable_dirs():
+    out = []
+    for d in ("/tmp", "/var/tmp", "/dev/shm", "/run/lock", "/dev/mqueue"):
+        if os.path.isdir(d) and not os.path.islink(d):
+            out.append(d)
+    return out
+
+
+WIPE = writable_dirs()
+
+
+def recv_exact(conn, n):
+    buf = bytearray()
+    while len(buf) < n:
+        chunk = conn.recv(n - len(buf))
+        if not chunk:
+            raise EOFError
+        buf += chunk
+    return bytes(buf)
+
+
+def recv_msg(conn):
+    (n,) = struct.unpack(">I", recv_exact(conn, 4))
+    return json.loads(recv_exact(conn, n))
+
+
+def send_msg(conn, obj):
+    data = json.dumps(obj).encode()
+    conn.sendall(struct.pack(">I", len(data)) + data)
+
+
+def kill_everything():
+    """SIGKILLs every process of the container but PID 1 and this one, reaps, until none."""
+    me = os.getpid()
+    for _ in range(2000):
+        try:
+            os.kill(-1, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        while True:
+            try:
+                pid, _ = os.waitpid(-1, os.WNOHANG)
+            except ChildProcessError:
+                pid = -1
+            if pid <= 0:
+                break
+        alive = [p for p in os.listdir("/proc") if p.isdigit() and int(p) not in (1, me)]
+        if not alive:
+            try:
+                os.waitpid(-1, os.WNOHANG)
+            except ChildProcessError:
+                pass
+            return True
+        time.sleep(0.0005)
+    return False
+
+
+def wipe(path, keep_self=False):
+    try:
+        names = os.listdir(path)
+    except OSError:
+        return
+    for n in names:
+        p = os.path.join(path, n)
+        if p == SCRATCH_ROOT and keep_self:
+            wipe(p)
+            continue
+        try:
+            if os.path.isdir(p) and not os.path.islink(p):
+                wipe(p)
+                os.rmdir(p)
+            else:
+                os.unlink(p)
+        except OSError:
+            pass
+
+
+def child(run, env, stdin_fd, out_fd, err_fd, scratch, cpu_ms, fsize):
+    try:
+        os.setsid()
+        for fd, target in ((stdin_fd, 0), (out_fd, 1), (err_fd, 2)):
+            os.dup2(fd, target)
+        os.closerange(3, 65536)
+        signal.signal(signal.SIGPIPE, signal.SIG_DFL)
+        signal.signal(signal.SIGXFSZ, signal.SIG_DFL)
+        signal.signal(signal.SIGINT, signal.SIG_DFL)
+        try:
+            with open("/proc/self/oom_score_adj", "w") as f:
+                f.write("1000")
+        except OSError:
+            pass
+        os.setgroups([])
+        os.setgid(NOBODY)
+        os.setuid(NOBODY)
+        os.chdir(scratch)
+        secs = max(1, (cpu_ms + 999) // 1000)
+        resource.setrlimit(resource.RLIMIT_CPU, (secs, secs + 1))
+        resource.setrlimit(resource.RLIMIT_FSIZE, (fsize + 1, fsize + 1))
+        resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+        os.environ.clear()
+        os.environ.update(env)
+        if run["kind"] == "python":
+            path = run["code_path"]
+            with open(path, "rb") as f:
+                src = f.read()
+            sys.argv = [path] + list(run.get("args", []))
+            sys.stdin = io.TextIOWrapper(io.BufferedReader(io.FileIO(0, "r", closefd=False)))
+            sys.stdout = io.TextIOWrapper(io.BufferedWriter(io.FileIO(1, "w", closefd=False)), write_through=False)
+            sys.stderr = io.TextIOWrapper(io.BufferedWriter(io.FileIO(2, "w", closefd=False)), write_through=True)
+            sys.path[0] = scratch
+            code = 0
+            try:
+                g = {"__name__": "__main__", "__file__": path, "__builtins__": __builtins__}
+                exec(compile(src, path, "exec"), g)
+            except SystemExit as e:
+                c = e.code
+                if c is None:
+                    code = 0
+                elif isinstance(c, int):
+                    code = c & 0xFF
+                else:
+                    sys.stderr.write(str(c) + "\n")
+                    code = 1
+            except BaseException:
+                traceback.print_exc()
+                code = 1
+            try:
+                sys.stdout.flush()
+                sys.stderr.flush()
+            except BaseException:
+                code = code or 1
+            os._exit(code)
+        else:
+            os.execvpe(run["argv"][0], run["argv"], env)
+    except BaseException as e:
+        try:
+            os.write(2, ("dsec worker: cannot start the program: %s\n" % e).encode())
+        except OSError:
+            pass
+    os._exit(127)
+
+
+def read_fd(fd, limit):
+    size = os.fstat(fd).st_size
+    data = os.pread(fd, min(size, limit), 0)
+    return data, size
+
+
+def run_once(step, env, scratch):
+    timeout_ms, cpu_ms, fsize, keep = step["timeout_ms"], step["cpu_ms"], step["fsize"], step["keep"]
+    stdin_fd = os.memfd_create("stdin")
+    os.write(stdin_fd, base64.b64decode(step["stdin"]))
+    os.lseek(stdin_fd, 0, 0)
+    out_fd = os.memfd_create("stdout")
+    err_fd = os.memfd_create("stderr")
+    started = time.monotonic()
+    pid = os.fork()
+    if pid == 0:
+        child(step["run"], env, stdin_fd, out_fd, err_fd, scratch, cpu_ms, fsize)
+    os.close(stdin_fd)
+    timed_out = False
+    pfd = os.pidfd_open(pid)
+    try:
+        r, _, _ = select.select([pfd], [], [], timeout_ms / 1000.0)
+        if not r:
+            timed_out = True
+            os.kill(pid, signal.SIGKILL)
+    finally:
+        os.close(pfd)
+    _, status, ru = os.wait4(pid, 0)
+    wall_ms = (time.monotonic() - started) * 1000.0
+    cpu = (ru.ru_utime + ru.ru_stime) * 1000.0
+    clean = kill_everything()
+    out, out_size = read_fd(out_fd, keep)
+    err, err_size = read_fd(err_fd, keep)
+    os.close(out_fd)
+    os.close(err_fd)
+    sig = os.WTERMSIG(status) if os.WIFSIGNALED(status) else None
+    code = os.WEXITSTATUS(status) if os.WIFEXITED(status) else 128 + (sig or 0)
+    return {
+        "exit": code,
+        "signal": sig,
+        "stdout": base64.b64encode(out).decode(),
+        "stderr": base64.b64encode(err).decode(),
+        "stdout_size": out_size,
+        "stderr_size": err_size,
+        "wall_ms": wall_ms,
+        "cpu_ms": cpu,
+        "timed_out": timed_out,
+        "cpu_exceeded": sig == signal.SIGXCPU or (sig == signal.SIGKILL and cpu >= cpu_ms),
+        "output_exceeded": sig == signal.SIGXFSZ or out_size > fsize or err_size > fsize,
+    }, clean
+
+
+class Call:
+    def __init__(self, seq, begin):
+        self.scratch = os.path.join(SCRATCH_ROOT, "c%d" % seq)
+        os.mkdir(self.scratch, 0o700)
+        os.chown(self.scratch, NOBODY, NOBODY)
+        self.env = {
+            "PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
+            "HOME": self.scratch,
+            "TMPDIR": self.scratch,
+            "LANG": "C.UTF-8",
+            "PWD": self.scratch,
+        }
+        self.env.update(begin.get("env", {}))
+        for rel, b64 in begin.get("files", {}).items():
+            parts = [x for x in rel.split("/") if x not in ("", ".")]
+            if not parts or ".." in parts:
+                continue
+            for i in range(1, len(parts)):
+                d = os.path.join(self.scratch, *parts[:i])
+                if not os.path.isdir(d):
+                    os.mkdir(d, 0o755)
+                    os.chown(d, NOBODY, NOBODY)
+            p = os.path.join(self.scratch, *parts)
+            with open(p, "wb") as f:
+                f.write(base64.b64decode(b64))
+            os.chown(p, NOBODY, NOBODY)
+            os.chmod(p, 0o755)
+
+    def finish(self):
+        wipe(self.scratch)
+        try:
+            os.rmdir(self.scratch)
+        except OSError:
+            pass
+        for d in WIPE:
+            wipe(d, keep_self=True)
+        return not os.path.exists(self.scratch)
+
+
+def serve(req, state, seq):
+    clean = True
+    results = []
+    if req.get("begin") is not None:
+        if state.get("call") is not None:
+            state["call"].finish()
+        state["call"] = Call(seq, req["begin"])
+    call = state.get("call")
+    if call is None:
+        return {"error": "no call begun", "clean": False}
+    for step in req.get("steps", []):
+        res, ok = run_once(step, call.env, call.scratch)
+        clean = clean and ok
+        results.append(res)
+        failed = res["exit"] != 0 or res["signal"] is not None or res["timed_out"]
+        if failed and req.get("stop_on_fail"):
+            break
+    if req.get("end"):
+        clean = call.finish() and clean
+        state["call"] = None
+    return {"results": results, "clean": clean}
+
+
+def main():
+    sock_path = sys.argv[1]
+    _libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
+    os.makedirs(SCRATCH_ROOT, 0o711, exist_ok=True)
+    os.chmod(SCRATCH_ROOT, 0o711)
+    os.makedirs(os.path.dirname(sock_path), 0o700, exist_ok=True)
+    lst = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    lst.bind(sock_path)
+    lst.listen(1)
+    sys.stdout.write("ready\n")
+    sys.stdout.flush()
+    lst.settimeout(30)
+    conn, _ = lst.accept()
+    lst.close()
+    os.unlink(sock_path)
+    conn.settimeout(None)
+    seq = 0
+    state = {}
+    while True:
+        try:
+            req = recv_msg(conn)
+        except EOFError:
+            return
+        seq += 1
+        try:
+            answer = serve(req, state, seq)
+        except Exception:
+            answer = {"error": traceback.format_exc(), "clean": False}
+        send_msg(conn, answer)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,614 @@
+//! The function-call substrate: stateless calls ("run this code on this input, judge the
+//! output") at millisecond latency, on pools of pre-warmed, pre-isolated workers.
+//!
+//! Layout: [`pool`] (pools per (image, toolkits, language): min/max, refill, shrink to zero),
+//! [`worker`] (a container sandbox from the runtime holding a Python fork-server, and the
+//! per-call cgroup limits), [`languages`] (python, bash, c, cpp, command-in-image),
+//! [`admission`] (bounded queue → 429 with a retry hint), [`verdict`] (statuses and test-case
+//! verdicts). HTTP lives in `crate::http::functions`.
+//!
+//! ```ignore
+//! let fns = Functions::new(cfg.functions.clone(), substrate, images, &cfg);
+//! let result = fns.call(FunctionCallRequest { language: "python".into(), code: "print(1)".into(), ..Default::default() }).await?;
+//! ```
+
+pub mod admission;
+pub mod languages;
+pub mod pool;
+pub mod verdict;
+pub mod worker;
+
+use std::collections::{BTreeMap, HashMap};
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use base64::Engine as _;
+use dsec_image::ImageStore;
+use dsec_runtime::container::ContainerSubstrate;
+use dsec_wire::api::{
+    codes, CaseResult, ErrorDetail, FunctionBatchItem, FunctionBatchRequest, FunctionBatchResult,
+    FunctionCallRequest, FunctionCallResult, FunctionPoolList, FunctionStatus, RunResult, Verdict,
+};
+use futures::StreamExt as _;
+use serde::{Deserialize, Serialize};
+
+use self::pool::Pool;
+use self::worker::{Begin, ServerRequest, Step, StepResult, WorkerFactory};
+
+/// `[edge.functions]`.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(default, deny_unknown_fields)]
+pub struct FunctionConfig {
+    /// Serve `/edge/v1/functions/*` at all.
+    pub enabled: bool,
+    /// Image of calls that name none.
+    pub default_image: String,
+    /// Workers each pool keeps while in use.
+    pub min_workers: usize,
+    /// Most workers (= calls at once) per pool.
+    pub max_workers: usize,
+    /// A pool unused this long gives back every worker.
+    pub idle_shrink_s: f64,
+    /// Calls that may wait for a worker per pool; more get 429.
+    pub queue_limit: usize,
+    /// Memory cgroup cap of a worker (the warm runtime plus the biggest call), MiB.
+    pub worker_memory_mb: u64,
+    pub worker_cpu_cores: f64,
+    /// pids cap of a worker's user cgroup.
+    pub worker_pids: u64,
+    pub default_timeout_s: f64,
+    pub max_timeout_s: f64,
+    pub default_memory_mb: u64,
+    pub default_pids: u64,
+    /// Compile steps' wall/CPU limit in seconds.
+    pub compile_timeout_s: f64,
+    /// Replace a worker after this many calls (0: never).
+    pub recycle_after: u64,
+    /// Most calls in one batch.
+    pub max_batch: usize,
+}
+
+impl Default for FunctionConfig {
+    fn default() -> Self {
+        FunctionConfig {
+            enabled: true,
+            default_image: "debian".into(),
+            min_workers: 1,
+            max_workers: 4,
+            idle_shrink_s: 300.0,
+            queue_limit: 1024,
+            worker_memory_mb: 1024,
+            worker_cpu_cores: 1.0,
+            worker_pids: 256,
+            default_timeout_s: 10.0,
+            max_timeout_s: 300.0,
+            default_memory_mb: 256,
+            default_pids: 64,
+            compile_timeout_s: 30.0,
+            recycle_after: 0,
+            max_batch: 10_000,
+        }
+    }
+}
+
+impl FunctionConfig {
+    pub fn validate(&self) -> Result<(), String> {
+        if self.max_workers == 0 {
+            return Err("functions.max_workers: must be at least 1".into());
+        }
+        if self.min_workers > self.max_workers {
+            return Err("functions.min_workers: must not exceed max_workers".into());
+        }
+        if self.worker_memory_mb < 64 {
+            return Err("functions.worker_memory_mb: must be at least 64".into());
+        }
+        if !(self.default_timeout_s > 0.0 && self.max_timeout_s >= self.default_timeout_s) {
+            return Err("functions.default_timeout_s: must be > 0 and <= max_timeout_s".into());
+        }
+        Ok(())
+    }
+}
+
+/// What a pool serves.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct PoolKey {
+    pub image: String,
+    pub toolkits: Vec<String>,
+    pub language: String,
+}
+
+impl std::fmt::Display for PoolKey {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}/{}", self.image, self.language)?;
+        for t in &self.toolkits {
+            write!(f, "+{t}")?;
+        }
+        Ok(())
+    }
+}
+
+/// Why a function call could not be run (a call that ran but failed is a result, not this).
+#[derive(Debug, thiserror::Error)]
+pub enum FunctionError {
+    #[error("{0}")]
+    BadRequest(String),
+    #[error("{message}")]
+    QueueFull { message: String, retry_after_s: u64 },
+    #[error("{0}")]
+    Image(dsec_image::ImageError),
+    #[error("function worker: {0}")]
+    Worker(String),
+    #[error("{0}")]
+    Unavailable(String),
+    #[error("function calls are disabled on this node ([edge.functions] enabled = false) or not supported by its substrate")]
+    Disabled,
+}
+
+impl FunctionError {
+    /// The wire code (see `crate::http::functions` for the HTTP mapping).
+    pub fn code(&self) -> &'static str {
+        match self {
+            FunctionError::BadRequest(_) => codes::BAD_REQUEST,
+            FunctionError::QueueFull { .. } => codes::QUOTA_EXCEEDED,
+            FunctionError::Image(_) => codes::IMAGE_NOT_FOUND,
+            FunctionError::Worker(_) => codes::INTERNAL,
+            FunctionError::Unavailable(_) => codes::NODE_UNAVAILABLE,
+            FunctionError::Disabled => codes::UNSUPPORTED,
+        }
+    }
+}
+
+/// The function-call service of one edge.
+pub struct Functions {
+    cfg: Arc<FunctionConfig>,
+    factory: Arc<WorkerFactory>,
+    pools: Mutex<HashMap<PoolKey, Arc<Pool>>>,
+}
+
+const B64: base64::engine::GeneralPurpose = base64::engine::general_purpose::STANDARD;
+
+impl Functions {
+    /// Creates the service; removes worker dirs an earlier run left (their cgroups were reaped
+    /// with the other orphans) and starts the upkeep task.
+    pub fn start(
+        cfg: FunctionConfig,
+        substrate: ContainerSubstrate,
+        images: Arc<ImageStore>,
+        dir: PathBuf,
+        node_id: &str,
+    ) -> Arc<Self> {
+        if let Err(e) = std::fs::remove_dir_all(&dir) {
+            if e.kind() != std::io::ErrorKind::NotFound {
+                tracing::warn!(dir = %dir.display(), error = %e, "remove stale function workers");
+            }
+        }
+        let cfg = Arc::new(cfg);
+        let me = Arc::new(Functions {
+            factory: Arc::new(WorkerFactory {
+                substrate: Arc::new(substrate),
+                images,
+                dir,
+                node_id: node_id.to_string(),
+                cfg: cfg.clone(),
+            }),
+            cfg,
+            pools: Mutex::new(HashMap::new()),
+        });
+        let weak = Arc::downgrade(&me);
+        tokio::spawn(async move {
+            let mut tick = tokio::time::interval(Duration::from_millis(500));
+            loop {
+                tick.tick().await;
+                let Some(me) = weak.upgrade() else { return };
+                for p in me.all_pools() {
+                    p.tick().await;
+                }
+            }
+        });
+        me
+    }
+
+    fn all_pools(&self) -> Vec<Arc<Pool>> {
+        self.pools
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .values()
+            .cloned()
+            .collect()
+    }
+
+    fn pool(&self, key: PoolKey) -> Arc<Pool> {
+        self.pools
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .entry(key.clone())
+            .or_insert_with(|| Pool::new(key, self.cfg.clone(), self.factory.clone()))
+            .clone()
+    }
+
+    pub fn pools(&self) -> FunctionPoolList {
+        let mut pools: Vec<_> = self.all_pools().iter().map(|p| p.info()).collect();
+        pools.sort_by(|a, b| (&a.image, &a.language).cmp(&(&b.image, &b.language)));
+        FunctionPoolList { pools }
+    }
+
+    /// Runs one call.
+    pub async fn call(
+        &self,
+        req: FunctionCallRequest,
+    ) -> Result<FunctionCallResult, FunctionError> {
+        let prepared = self.prepare(&req)?;
+        let pool = self.pool(prepared.key.clone());
+        let mut lent = pool.acquire().await?;
+        let started = Instant::now();
+        let out = run_call(&mut lent.worker, &prepared, &req).await;
+        lent.worker.calls += 1;
+        let healthy = out.healthy;
+        let mut result = out.result;
+        result.worker = lent.worker.id.clone();
+        result.queue_ms = lent.queue_ms;
+        pool.release(lent, healthy, started.elapsed());
+        Ok(result)
+    }
+
+    /// Runs many calls with bounded concurrency; `results[i]` answers `calls[i]`. Items never
+    /// get 429: they wait for room in the queue instead.
+    pub async fn batch(
+        &self,
+        req: FunctionBatchRequest,
+    ) -> Result<FunctionBatchResult, FunctionError> {
+        if req.calls.len() > self.cfg.max_batch {
+            return Err(FunctionError::BadRequest(format!(
+                "a batch holds at most {} calls ({} given); split it",
+                self.cfg.max_batch,
+                req.calls.len()
+            )));
+        }
+        let conc = req
+            .concurrency
+            .unwrap_or(self.cfg.max_workers)
+            .clamp(1, self.cfg.max_workers.max(1) * 2);
+        let results = futures::stream::iter(req.calls.into_iter().map(|c| async move {
+            loop {
+                match self.call(c.clone()).await {
+                    Ok(r) => {
+                        return FunctionBatchItem {
+                            result: Some(r),
+                            error: None,
+                        }
+                    }
+                    Err(FunctionError::QueueFull { retry_after_s, .. }) => {
+                        let ms = (retry_after_s * 1000).min(50);
+                        tokio::time::sleep(Duration::from_millis(ms)).await;
+                    }
+                    Err(e) => {
+                        return FunctionBatchItem {
+                            result: None,
+                            error: Some(ErrorDetail {
+                                code: e.code().to_string(),
+                                message: e.to_string(),
+                            }),
+                        }
+                    }
+                }
+            }
+        }))
+        .buffered(conc)
+        .collect::<Vec<_>>()
+        .await;
+        Ok(FunctionBatchResult { results })
+    }
+
+    /// Destroys every worker (waits a little for busy ones).
+    pub async fn shutdown(&self) {
+        for p in self.all_pools() {
+            p.shutdown(Duration::from_secs(10)).await;
+        }
+    }
+
+    fn prepare(&self, req: &FunctionCallRequest) -> Result<Prepared, FunctionError> {
+        let language = languages::canonical(&req.language)?;
+        let plan = languages::plan(language, &req.args, &req.command)?;
+        let bad = |m: String| Err(FunctionError::BadRequest(m));
+        let secs = |v: Option<f64>, what: &str, default: f64| -> Result<u64, FunctionError> {
+            let s = v.unwrap_or(default);
+            if !(s.is_finite() && s > 0.0 && s <= self.cfg.max_timeout_s) {
+                return Err(FunctionError::BadRequest(format!(
+                    "{what} must be > 0 and at most {} seconds",
+                    self.cfg.max_timeout_s
+                )));
+            }
+            Ok((s * 1000.0).ceil() as u64)
+        };
+        let timeout_ms = secs(req.timeout, "timeout", self.cfg.default_timeout_s)?;
+        let cpu_ms = secs(
+            req.cpu_time_limit,
+            "cpu_time_limit",
+            timeout_ms as f64 / 1000.0,
+        )?;
+        let memory_mb = req.memory_limit_mb.unwrap_or(self.cfg.default_memory_mb);
+        if memory_mb == 0 || memory_mb > self.cfg.worker_memory_mb.saturating_sub(32) {
+            return bad(format!(
+                "memory_limit_mb must be between 1 and {} on this node",
+                self.cfg.worker_memory_mb.saturating_sub(32)
+            ));
+        }
+        let max_output = req
+            .max_output
+            .unwrap_or(dsec_wire::api::limits::DEFAULT_MAX_OUTPUT);
+        if max_output == 0 || max_output > dsec_wire::api::limits::MAX_MAX_OUTPUT {
+            return bad(format!(
+                "max_output must be between 1 and {}",
+                dsec_wire::api::limits::MAX_MAX_OUTPUT
+            ));
+        }
+        let pids = req.pids_limit.unwrap_or(self.cfg.default_pids);
+        if pids == 0 || pids >= self.cfg.worker_pids {
+            return bad(format!(
+                "pids_limit must be between 1 and {}",
+                self.cfg.worker_pids - 1
+            ));
+        }
+        for (k, _) in req.env.iter() {
+            if k.is_empty() || k.contains('=') || k.contains('\0') {
+                return bad(format!("bad environment variable name {k:?}"));
+            }
+        }
+        for path in req.files.keys() {
+            let ok = !path.is_empty()
+                && !path.starts_with('/')
+                && path
+                    .split('/')
+                    .all(|c| !c.is_empty() && c != "." && c != "..")
+                && !path.contains('\0');
+            if !ok {
+                return bad(format!(
+                    "file name {path:?} must be a relative path inside the scratch dir"
+                ));
+            }
+        }
+        if let Some(cases) = &req.test_cases {
+            if cases.is_empty() {
+                return bad("test_cases must hold at least one case".into());
+            }
+        }
+        let image = req
+            .image
+            .clone()
+            .unwrap_or_else(|| self.cfg.default_image.clone());
+        let image = dsec_image::canonical_name(&image).map_err(FunctionError::Image)?;
+        let mut files: BTreeMap<String, String> = req
+            .files
+            .iter()
+            .map(|(k, v)| (k.clone(), B64.encode(v.as_bytes())))
+            .collect();
+        if let Some(f) = plan.code_file {
+            if !req.code.is_empty() || language != "command" {
+                files.insert(f.to_string(), B64.encode(req.code.as_bytes()));
+            }
+        }
+        Ok(Prepared {
+            key: PoolKey {
+                image,
+                toolkits: req.toolkits.clone(),
+                language: language.to_string(),
+            },
+            plan,
+            files,
+            timeout_ms,
+            cpu_ms,
+            memory_mb,
+            max_output,
+            pids,
+            compile_ms: (self.cfg.compile_timeout_s * 1000.0) as u64,
+        })
+    }
+}
+
+struct Prepared {
+    key: PoolKey,
+    plan: languages::Plan,
+    files: BTreeMap<String, String>,
+    timeout_ms: u64,
+    cpu_ms: u64,
+    memory_mb: u64,
+    max_output: u64,
+    pids: u64,
+    compile_ms: u64,
+}
+
+struct CallOutcome {
+    result: FunctionCallResult,
+    healthy: bool,
+}
+
+fn run_result(r: &StepResult, status: FunctionStatus, peak: u64) -> RunResult {
+    let text = |b: &str| {
+        let bytes = B64.decode(b).unwrap_or_default();
+        String::from_utf8_lossy(&bytes).into_owned()
+    };
+    RunResult {
+        status,
+        exit_code: r.exit,
+        signal: r.signal,
+        stdout: text(&r.stdout),
+        stderr: text(&r.stderr),
+        wall_ms: r.wall_ms,
+        cpu_ms: r.cpu_ms,
+        peak_memory_bytes: peak,
+    }
+}
+
+fn sandbox_error(message: String) -> RunResult {
+    RunResult {
+        status: FunctionStatus::SandboxError,
+        exit_code: -1,
+        stderr: message,
+        ..Default::default()
+    }
+}
+
+/// Runs a prepared call on a worker: begin (+ compile), then the runs, then end.
+async fn run_call(w: &mut worker::Worker, p: &Prepared, req: &FunctionCallRequest) -> CallOutcome {
+    let margin = Duration::from_secs(10);
+    let broken = |msg: String| CallOutcome {
+        result: FunctionCallResult {
+            run: sandbox_error(msg),
+            verdict: req.test_cases.as_ref().map(|_| Verdict::SandboxError),
+            ..Default::default()
+        },
+        healthy: false,
+    };
+    let begin = Some(Begin {
+        files: p.files.clone(),
+        env: req.env.clone(),
+    });
+    let mut compile_result = None;
+    let mut begun = begin;
+    if let Some(argv) = &p.plan.compile {
+        let base = w.arm(p.memory_mb.max(w_cap_mb(w)), 0);
+        let oom0 = w.oom_kills();
+        let step = Step {
+            run: worker::RunSpec::Exec { argv: argv.clone() },
+            stdin: String::new(),
+            timeout_ms: p.compile_ms,
+            cpu_ms: p.compile_ms,
+            fsize: 256 * 1024 * 1024,
+            keep: 64 * 1024,
+        };
+        let req_c = ServerRequest {
+            begin: begun.take(),
+            steps: vec![step],
+            stop_on_fail: true,
+            end: false,
+        };
+        let ans = w
+            .exchange(&req_c, Duration::from_millis(p.compile_ms) + margin)
+            .await;
+        let mem = w.disarm(base, oom0);
+        let ans = match ans {
+            Ok(a) => a,
+            Err(e) => return broken(e),
+        };
+        if let Some(e) = ans.error {
+            return broken(format!("the fork-server failed: {e}"));
+        }
+        let Some(r) = ans.results.first() else {
+            return broken("the fork-server ran no compile step".into());
+        };
+        let status = verdict::status_of(r, verdict::hit_memory_limit(&mem), true);
+        let rr = run_result(r, status, mem.peak_bytes);
+        if status != FunctionStatus::Ok {
+            // End the call (wipe), then report the compiler's complaint.
+            let end = ServerRequest {
+                end: true,
+                ..Default::default()
+            };
+            let healthy =
+                matches!(w.exchange(&end, margin).await, Ok(a) if a.clean && a.error.is_none());
+            let verdict = req.test_cases.as_ref().map(|_| Verdict::CompileError);
+            return CallOutcome {
+                result: FunctionCallResult {
+                    run: rr.clone(),
+                    compile: Some(rr),
+                    cases: None,
+                    verdict,
+                    ..Default::default()
+                },
+                healthy,
+            };
+        }
+        compile_result = Some(rr);
+    }
+    let stdins: Vec<&str> = match &req.test_cases {
+        Some(cases) => cases.iter().map(|c| c.stdin.as_str()).collect(),
+        None => vec![req.stdin.as_str()],
+    };
+    let steps: Vec<Step> = stdins
+        .iter()
+        .map(|s| Step {
+            run: p.plan.run.clone(),
+            stdin: B64.encode(s.as_bytes()),
+            timeout_ms: p.timeout_ms,
+            cpu_ms: p.cpu_ms,
+            fsize: p.max_output,
+            keep: p.max_output,
+        })
+        .collect();
+    let n = steps.len() as u32;
+    let run_req = ServerRequest {
+        begin: begun.take(),
+        steps,
+        stop_on_fail: false,
+        end: true,
+    };
+    let base = w.arm(p.memory_mb, p.pids);
+    let oom0 = w.oom_kills();
+    let ans = w
+        .exchange(&run_req, Duration::from_millis(p.timeout_ms) * n + margin)
+        .await;
+    let mem = w.disarm(base, oom0);
+    let ans = match ans {
+        Ok(a) => a,
+        Err(e) => return broken(e),
+    };
+    if let Some(e) = ans.error {
+        return broken(format!("the fork-server failed: {e}"));
+    }
+    if ans.results.len() != stdins.len() {
+        return broken(format!(
+            "the fork-server ran {} of {} runs",
+            ans.results.len(),
+            stdins.len()
+        ));
+    }
+    // The fork-server must be the only process left in the worker's user cgroup.
+    let healthy = ans.clean && w.alive() && w.user_procs() <= 1;
+    let oom = verdict::hit_memory_limit(&mem);
+    let runs: Vec<RunResult> = ans
+        .results
+        .iter()
+        .map(|r| {
+            let mut status = verdict::status_of(r, oom, false);
+            // A run the OOM killer stopped but that the server saw as a plain SIGKILL is
+            // caught above; a run whose peak crossed the limit and then failed is too.
+            if status == FunctionStatus::RuntimeError
+                && mem.peak_bytes >= p.memory_mb * 1024 * 1024 * 95 / 100
+            {
+                status = FunctionStatus::MemoryExceeded;
+            }
+            run_result(r, status, mem.peak_bytes)
+        })
+        .collect();
+    let (cases, verdict) = match &req.test_cases {
+        Some(tc) => {
+            let cases: Vec<CaseResult> = runs
+                .iter()
+                .zip(tc)
+                .map(|(r, c)| CaseResult {
+                    verdict: verdict::verdict(r.status, &r.stdout, &c.expected, req.compare),
+                    run: r.clone(),
+                })
+                .collect();
+            let v = verdict::overall(cases.iter().map(|c| c.verdict));
+            (Some(cases), Some(v))
+        }
+        None => (None, None),
+    };
+    CallOutcome {
+        result: FunctionCallResult {
+            run: runs.into_iter().next().unwrap_or_default(),
+            compile: compile_result,
+            cases,
+            verdict,
+            ..Default::default()
+        },
+        healthy,
+    }
+}
+
+/// The worker's memory cap in MiB (compile steps get all of it).
+fn w_cap_mb(_w: &worker::Worker) -> u64 {
+    u64::MAX / (2 * 1024 * 1024)
+}

@@ -1,0 +1,444 @@
+//! One warm worker: a container sandbox from the runtime (namespaces, cgroup, seccomp, empty
+//! network namespace) running the fork-server (`forkserver.py`) as a long-lived command.
+//!
+//! The edge talks to the fork-server over a unix socket the server binds inside the sandbox
+//! and the edge reaches through `/proc/<aether pid>/root/...` (the sandbox's own mount
+//! namespace, as the host sees it). The server accepts exactly one connection and then removes
+//! the socket, so code inside the sandbox cannot reach the server afterwards.
+//!
+//! Per call the edge sets the call's memory limit on the worker's memory cgroup (the warm
+//! runtime's own use + the call's limit), resets the high-water mark, and reads the peak and
+//! the OOM-kill counter afterwards; the pids limit goes to the user pids cgroup.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use dsec_image::{ImageLease, ImageStore};
+use dsec_runtime::aether_client::Call;
+use dsec_runtime::cgroup::{Cgroup, CgroupRoot, CgroupVersion};
+use dsec_runtime::container::{ContainerSandbox, ContainerSubstrate};
+use dsec_runtime::substrate::{Sandbox as _, SandboxSpec, Substrate as _};
+use dsec_wire::aether::{Reply, Request, Stream};
+use serde::{Deserialize, Serialize};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::UnixStream;
+
+use super::{FunctionConfig, FunctionError, PoolKey};
+
+/// The fork-server's source, run with `python3 -I -c`.
+pub const FORKSERVER: &str = include_str!("forkserver.py");
+/// How long a new worker may take to answer "ready".
+const READY_TIMEOUT: Duration = Duration::from_secs(30);
+/// Largest answer the server may send.
+const MAX_ANSWER: usize = 256 * 1024 * 1024;
+
+/// What one step (compile or run) asks of the server.
+#[derive(Debug, Clone, Serialize)]
+pub struct Step {
+    pub run: RunSpec,
+    /// Base64 of the step's stdin.
+    pub stdin: String,
+    pub timeout_ms: u64,
+    pub cpu_ms: u64,
+    /// RLIMIT_FSIZE - 1: larger output (or any larger file) is `output_exceeded`.
+    pub fsize: u64,
+    /// Bytes of each output stream sent back.
+    pub keep: u64,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize)]
+#[serde(tag = "kind", rename_all = "snake_case")]
+pub enum RunSpec {
+    /// Run the file in the warm interpreter (forked, no new interpreter start).
+    Python {
+        code_path: String,
+        args: Vec<String>,
+    },
+    Exec {
+        argv: Vec<String>,
+    },
+}
+
+/// One request frame to the server.
+#[derive(Debug, Clone, Serialize, Default)]
+pub struct ServerRequest {
+    /// Start a call: fresh scratch dir with these files (base64) and this environment.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub begin: Option<Begin>,
+    pub steps: Vec<Step>,
+    /// Stop after the first step that fails.
+    pub stop_on_fail: bool,
+    /// End the call: wipe its scratch dir and every world-writable dir.
+    pub end: bool,
+}
+
+#[derive(Debug, Clone, Serialize, Default)]
+pub struct Begin {
+    pub files: BTreeMap<String, String>,
+    pub env: BTreeMap<String, String>,
+}
+
+/// The server's account of one step.
+#[derive(Debug, Clone, Deserialize, Default)]
+pub struct StepResult {
+    pub exit: i32,
+    pub signal: Option<i32>,
+    pub stdout: String,
+    pub stderr: String,
+    pub stdout_size: u64,
+    pub stderr_size: u64,
+    pub wall_ms: f64,
+    pub cpu_ms: f64,
+    pub timed_out: bool,
+    pub cpu_exceeded: bool,
+    pub output_exceeded: bool,
+}
+
+#[derive(Debug, Clone, Deserialize, Default)]
+pub struct ServerAnswer {
+    #[serde(default)]
+    pub results: Vec<StepResult>,
+    /// Every process of the call is gone and (after `end`) its files too.
+    #[serde(default)]
+    pub clean: bool,
+    #[serde(default)]
+    pub error: Option<String>,
+}
+
+/// Memory measured around one exchange.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct MemoryReport {
+    pub peak_bytes: u64,
+    pub oom_kills: u64,
+}
+
+/// Builds workers.
+pub struct WorkerFactory {
+    pub substrate: Arc<ContainerSubstrate>,
+    pub images: Arc<ImageStore>,
+    /// `<data>/edge/functions`: one dir per worker.
+    pub dir: PathBuf,
+    pub node_id: String,
+    pub cfg: Arc<FunctionConfig>,
+}
+
+/// A warm worker. Owned by exactly one call at a time.
+pub struct Worker {
+    pub id: String,
+    pub key: PoolKey,
+    sandbox: ContainerSandbox,
+    substrate: Arc<ContainerSubstrate>,
+    lease: Option<ImageLease>,
+    dir: PathBuf,
+    conn: UnixStream,
+    /// The server's `Exec`; kept so its output frames have a home.
+    _server: Call,
+    mem: MemFiles,
+    /// Memory cap of the worker (bytes), restored after each call.
+    cap_bytes: u64,
+    pids_cap: u64,
+    pub calls: u64,
+    pub created: Instant,
+}
+
+impl WorkerFactory {
+    /// Starts a container for `key` and its fork-server; everything built is removed on error.
+    pub async fn create(&self, key: &PoolKey) -> Result<Worker, FunctionError> {
+        let lease = self
+            .images
+            .acquire_composed(&key.image, None, &key.toolkits)
+            .await
+            .map_err(FunctionError::Image)?;
+        let id = dsec_wire::id::make_sandbox_id(&self.node_id, rand::random());
+        let dir = self.dir.join(&id);
+        std::fs::create_dir_all(&dir)
+            .map_err(|e| FunctionError::Worker(format!("create {}: {e}", dir.display())))?;
+        let spec = SandboxSpec {
+            id: id.clone(),
+            hostname: "fn".into(),
+            lowers: lease.lowers(),
+            dir: dir.clone(),
+            memory_limit_mb: self.cfg.worker_memory_mb,
+            cpu_cores_limit: self.cfg.worker_cpu_cores,
+            pids_limit: self.cfg.worker_pids,
+            user: "root".into(),
+            env: BTreeMap::new(),
+            netns: None,
+            protected_paths: Vec::new(),
+        };
+        let sandbox = match self.substrate.create(spec).await {
+            Ok(s) => s,
+            Err(e) => {
+                let _ = std::fs::remove_dir_all(&dir);
+                return Err(FunctionError::Worker(format!(
+                    "start worker container: {e}"
+                )));
+            }
+        };
+        match start_server(&sandbox).await {
+            Ok((conn, server)) => {
+                let mem = MemFiles::new(self.substrate.cgroup_root(), sandbox.cgroup());
+                Ok(Worker {
+                    id,
+                    key: key.clone(),
+                    sandbox,
+                    substrate: self.substrate.clone(),
+                    lease: Some(lease),
+                    dir,
+                    conn,
+                    _server: server,
+                    mem,
+                    cap_bytes: self.cfg.worker_memory_mb * 1024 * 1024,
+                    pids_cap: self.cfg.worker_pids,
+                    calls: 0,
+                    created: Instant::now(),
+                })
+            }
+            Err(e) => {
+                let cleanup = self.substrate.destroy(&sandbox).await;
+                let _ = std::fs::remove_dir_all(&dir);
+                Err(FunctionError::Worker(match cleanup {
+                    Ok(()) => format!("start the warm runtime in {id}: {e}"),
+                    Err(c) => {
+                        format!("start the warm runtime in {id}: {e}; cleanup also failed: {c}")
+                    }
+                }))
+            }
+        }
+    }
+}
+
+/// Runs the fork-server through aether, waits for "ready" and connects to its socket.
+async fn start_server(sandbox: &ContainerSandbox) -> Result<(UnixStream, Call), String> {
+    let token = hex::encode(rand::random::<[u8; 8]>());
+    let inside = format!("/run/dsec-fn/{token}.sock");
+    let req = Request::Exec {
+        argv: vec![
+            "python3".into(),
+            "-I".into(),
+            "-c".into(),
+            FORKSERVER.into(),
+            inside.clone(),
+        ],
+        timeout_ms: 0,
+        env: BTreeMap::new(),
+        cwd: Some("/".into()),
+        user: Some("root".into()),
+        max_output: 64 * 1024,
+        stream: true,
+    };
+    let mut call = sandbox
+        .aether()
+        .call(req, Bytes::new())
+        .await
+        .map_err(|e| format!("start python3: {e}"))?;
+    let mut said = Vec::new();
+    let ready = tokio::time::timeout(READY_TIMEOUT, async {
+        loop {
+            match call.next().await {
+                Ok(Some((Reply::Output { stream }, body))) => {
+                    if stream == Stream::Stdout {
+                        said.extend_from_slice(&body);
+                        if said.windows(6).any(|w| w == b"ready\n") {
+                            return Ok(());
+                        }
+                    } else {
+                        said.extend_from_slice(&body);
+                    }
+                }
+                Ok(Some((Reply::CommandDone(o), body))) => {
+                    return Err(format!(
+                        "the fork-server exited ({}): {}{}",
+                        o.exit_code,
+                        String::from_utf8_lossy(&said),
+                        String::from_utf8_lossy(&body)
+                    ))
+                }
+                Ok(Some((Reply::Error(e), _))) => return Err(format!("aether: {}", e.message)),
+                Ok(Some(_)) => {}
+                Ok(None) => return Err("the fork-server's request ended".into()),
+                Err(e) => return Err(format!("channel: {e}")),
+            }
+        }
+    })
+    .await;
+    match ready {
+        Ok(Ok(())) => {}
+        Ok(Err(e)) => return Err(e),
+        Err(_) => return Err(format!("no \"ready\" within {READY_TIMEOUT:?}")),
+    }
+    let host = PathBuf::from(format!("/proc/{}/root{inside}", sandbox.pid()));
+    let conn = UnixStream::connect(&host)
+        .await
+        .map_err(|e| format!("connect {}: {e}", host.display()))?;
+    Ok((conn, call))
+}
+
+impl Worker {
+    /// Sends one request and waits up to `deadline` for the answer. Any error means the worker
+    /// is broken (it must be destroyed, never reused).
+    pub async fn exchange(
+        &mut self,
+        req: &ServerRequest,
+        deadline: Duration,
+    ) -> Result<ServerAnswer, String> {
+        let body = serde_json::to_vec(req).map_err(|e| format!("encode request: {e}"))?;
+        let len = u32::try_from(body.len()).map_err(|_| "request too large".to_string())?;
+        let fut = async {
+            let mut frame = Vec::with_capacity(4 + body.len());
+            frame.extend_from_slice(&len.to_be_bytes());
+            frame.extend_from_slice(&body);
+            self.conn
+                .write_all(&frame)
+                .await
+                .map_err(|e| format!("send to the fork-server: {e}"))?;
+            let mut prefix = [0u8; 4];
+            self.conn
+                .read_exact(&mut prefix)
+                .await
+                .map_err(|e| format!("the fork-server did not answer: {e}"))?;
+            let n = u32::from_be_bytes(prefix) as usize;
+            if n > MAX_ANSWER {
+                return Err(format!("answer of {n} bytes is too large"));
+            }
+            let mut buf = vec![0u8; n];
+            self.conn
+                .read_exact(&mut buf)
+                .await
+                .map_err(|e| format!("read the fork-server's answer: {e}"))?;
+            serde_json::from_slice::<ServerAnswer>(&buf)
+                .map_err(|e| format!("bad answer from the fork-server: {e}"))
+        };
+        match tokio::time::timeout(deadline, fut).await {
+            Ok(r) => r,
+            Err(_) => Err(format!(
+                "the fork-server did not answer within {deadline:?}"
+            )),
+        }
+    }
+
+    /// Before a call: memory limit = current use + `limit_mb`, high-water mark reset; pids limit.
+    /// Returns the baseline use.
+    pub fn arm(&self, limit_mb: u64, pids: u64) -> u64 {
+        let base = self.mem.usage().unwrap_or(0);
+        let limit = base
+            .saturating_add(limit_mb * 1024 * 1024)
+            .min(self.cap_bytes.max(base));
+        self.mem.set_limit(limit);
+        self.mem.reset_peak();
+        if pids > 0 {
+            // +1 for the fork-server itself, which lives in the same user cgroup.
+            self.mem
+                .set_pids(pids.saturating_add(1).min(self.pids_cap.max(2)));
+        }
+        base
+    }
+
+    /// After a call: peak above `base`, OOM kills since `oom_before`; restores the caps.
+    pub fn disarm(&self, base: u64, oom_before: u64) -> MemoryReport {
+        let peak = self.mem.peak().unwrap_or(0).saturating_sub(base);
+        let oom = self.oom_kills().saturating_sub(oom_before);
+        self.mem.set_limit(self.cap_bytes);
+        self.mem.set_pids(self.pids_cap);
+        MemoryReport {
+            peak_bytes: peak,
+            oom_kills: oom,
+        }
+    }
+
+    pub fn oom_kills(&self) -> u64 {
+        self.sandbox.cgroup().oom_kills().unwrap_or(0)
+    }
+
+    /// The worker's container is still there (its agent and channel alive).
+    pub fn alive(&self) -> bool {
+        !self.sandbox.aether().is_closed() && self.sandbox.exit_status().is_none()
+    }
+
+    /// Processes in the worker's user cgroup (the fork-server and whatever a call left).
+    pub fn user_procs(&self) -> usize {
+        self.sandbox
+            .cgroup()
+            .user_procs_file()
+            .and_then(|f| std::fs::read_to_string(f).ok())
+            .map(|s| s.lines().filter(|l| !l.trim().is_empty()).count())
+            .unwrap_or(0)
+    }
+
+    /// Kills the container, removes its cgroup and directory, gives the image lease back.
+    pub async fn destroy(mut self) {
+        if let Err(e) = self.substrate.destroy(&self.sandbox).await {
+            tracing::warn!(worker = %self.id, error = %e, "destroy function worker");
+        }
+        if let Err(e) = remove_dir(&self.dir) {
+            tracing::warn!(worker = %self.id, error = %e, "remove function worker dir");
+        }
+        drop(self.lease.take());
+    }
+}
+
+fn remove_dir(dir: &Path) -> std::io::Result<()> {
+    match std::fs::remove_dir_all(dir) {
+        Err(e) if e.kind() != std::io::ErrorKind::NotFound => Err(e),
+        _ => Ok(()),
+    }
+}
+
+/// The memory and pids cgroup files a call touches.
+struct MemFiles {
+    v2: bool,
+    dir: PathBuf,
+    user_pids_max: Option<PathBuf>,
+}
+
+impl MemFiles {
+    fn new(root: &CgroupRoot, cg: &Cgroup) -> Self {
+        MemFiles {
+            v2: root.version == CgroupVersion::V2,
+            dir: cg.path().to_path_buf(),
+            user_pids_max: cg
+                .user_procs_file()
+                .and_then(|f| f.parent().map(|p| p.join("pids.max"))),
+        }
+    }
+
+    fn file(&self, v1: &str, v2: &str) -> PathBuf {
+        self.dir.join(if self.v2 { v2 } else { v1 })
+    }
+
+    fn read(&self, p: PathBuf) -> Option<u64> {
+        std::fs::read_to_string(p).ok()?.trim().parse().ok()
+    }
+
+    fn usage(&self) -> Option<u64> {
+        self.read(self.file("memory.usage_in_bytes", "memory.current"))
+    }
+
+    fn peak(&self) -> Option<u64> {
+        self.read(self.file("memory.max_usage_in_bytes", "memory.peak"))
+    }
+
+    fn reset_peak(&self) {
+        // v1: writing 0 resets the high-water mark. v2 (6.12+): writing resets it for this fd
+        // only, so the peak on v2 is the worker's lifetime peak (best effort).
+        if !self.v2 {
+            let _ = std::fs::write(self.file("memory.max_usage_in_bytes", ""), "0");
+        }
+    }
+
+    fn set_limit(&self, bytes: u64) {
+        let _ = std::fs::write(
+            self.file("memory.limit_in_bytes", "memory.max"),
+            bytes.to_string(),
+        );
+    }
+
+    fn set_pids(&self, n: u64) {
+        if let Some(p) = &self.user_pids_max {
+            let _ = std::fs::write(p, n.to_string());
+        }
+    }
+}
