@@ -310,7 +310,7 @@ def test_overflow_kicks_in_above_threshold(dsec_bin):
         over_node = overflow.first("DSEC_EDGE_URL")
         over_id = [n for n, v in nodes(u, k).items() if v["url"] == over_node][0]
         got = []
-        for _ in range(16):  # 80% of 20 is 16: the pool is at the threshold, not above
+        for _ in range(17):  # at 16 of 20 the pool is at 80%, not above: the 17th stays primary
             st, sb, h = create(u, k, overflow_eligible=True)
             assert st == 201, sb
             got.append(sb["node"])

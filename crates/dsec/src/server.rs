@@ -304,9 +304,14 @@ async fn simulated_edges(a: EdgeArgs) -> anyhow::Result<()> {
             .with_context(|| format!("listen on {addr} for simulated edge {i}"))?;
         let local = listener.local_addr().context("listener address")?;
         let node_id = if count == 1 { prefix.clone() } else { format!("{prefix}{i}") };
+        let capacity = a.capacity.unwrap_or(5000);
         let edge = SimulatedEdge::new(SimConfig {
             node_id,
-            capacity: a.capacity.unwrap_or(5000),
+            capacity,
+            // Enough CPU and memory (with the default overcommit) for `capacity` default-sized
+            // sandboxes, so the sandbox count is the limit.
+            cpu_cores_total: (capacity as f64 / 25.0).ceil().max(64.0),
+            memory_mb_total: (capacity * 256).max(256 * 1024),
             labels: a.labels.iter().cloned().collect(),
             token: token.clone(),
             url: url_of(local),
