@@ -1,0 +1,123 @@
+"""Benchmark: function calls on warm pools vs. the cold paths, through the HTTP API.
+
+    python3 bench/functions.py [--n 500] [--conc 8] [--cold-n 30] [--toolkit gxx]
+
+Needs a running dsec (DSEC_API_URL / DSEC_API_KEY) with the `debian` image (and, for C++, a
+toolkit layer with g++: see tests/test_functions.py::_gxx_toolkit). Cases, in one run:
+- warm python `print(sum(range(100)))`: latency (sequential, end to end through the apiserver)
+  and sustained calls/s (`--conc` concurrent clients);
+- warm C++ compile-and-run of a small program;
+- cold baseline 1: a fresh `bwrap --unshare-all` + `python3 -c` per call (local, no HTTP);
+- cold baseline 2: a fresh container sandbox per call via create / run_shell / stop (HTTP).
+"""
+
+import argparse
+import asyncio
+import os
+import shutil
+import subprocess
+import time
+
+from common import debian_rootfs, print_table, summary, write_results
+from dsec import DSecClient, DSecContainerRunArgs
+
+PY = "print(sum(range(100)))"
+CPP = "#include <iostream>\nint main(){long s=0;for(int i=0;i<100;i++)s+=i;std::cout<<s<<std::endl;}"
+
+
+async def latency(c, n, **body):
+    out = []
+    for _ in range(n):
+        t = time.perf_counter()
+        r = await c.call_function(**body)
+        out.append((time.perf_counter() - t) * 1000)
+        assert r.status == "ok" and r.stdout.strip() == "4950", r
+    return out
+
+
+async def throughput(c, n, conc, **body):
+    todo = n
+    lat = []
+
+    async def worker():
+        nonlocal todo
+        while todo > 0:
+            todo -= 1
+            t = time.perf_counter()
+            r = await c.call_function(**body)
+            lat.append((time.perf_counter() - t) * 1000)
+            assert r.status == "ok", r
+    t0 = time.perf_counter()
+    await asyncio.gather(*[worker() for _ in range(conc)])
+    return n / (time.perf_counter() - t0), lat
+
+
+def bwrap_cold(n):
+    root = debian_rootfs()
+    if shutil.which("bwrap") is None or root is None:
+        return None
+    out = []
+    for _ in range(n):
+        t = time.perf_counter()
+        p = subprocess.run(["bwrap", "--unshare-all", "--die-with-parent", "--ro-bind", root, "/",
+                            "--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp",
+                            "python3", "-c", PY], capture_output=True)
+        out.append((time.perf_counter() - t) * 1000)
+        assert p.stdout.strip() == b"4950", p
+    return out
+
+
+async def container_cold(c, n):
+    out = []
+    for _ in range(n):
+        t = time.perf_counter()
+        sb = await c.run_container(DSecContainerRunArgs(container_image="debian"), timeout=120)
+        r = await sb.run_shell(f"python3 -c '{PY}'")
+        await sb.stop()
+        out.append((time.perf_counter() - t) * 1000)
+        assert r.stdout.strip() == "4950", r
+    return out
+
+
+async def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--n", type=int, default=500)
+    ap.add_argument("--conc", type=int, default=8)
+    ap.add_argument("--cold-n", type=int, default=30)
+    ap.add_argument("--toolkit", default="gxx")
+    a = ap.parse_args()
+    async with DSecClient() as c:
+        await latency(c, 20, language="python", code=PY)  # warm the pool
+        rows, data = [], {}
+        warm = await latency(c, a.n, language="python", code=PY)
+        rows.append(summary("warm python, sequential (HTTP end to end)", warm))
+        rate, lat = await throughput(c, a.n * 4, a.conc, language="python", code=PY)
+        rows.append(summary(f"warm python, {a.conc} concurrent", lat))
+        data["warm_python_calls_per_s"] = round(rate, 1)
+        cpp = None
+        try:
+            await c.call_function("cpp", CPP, toolkits=[a.toolkit])
+            cpp = await latency(c, max(a.n // 10, 20), language="cpp", code=CPP, toolkits=[a.toolkit])
+            rows.append(summary("warm C++ compile+run, sequential", cpp))
+            crate, _ = await throughput(c, max(a.n // 5, 40), a.conc, language="cpp", code=CPP, toolkits=[a.toolkit])
+            data["warm_cpp_calls_per_s"] = round(crate, 1)
+        except Exception as e:  # noqa: BLE001 - report and go on
+            print(f"C++ case skipped: {e}")
+        bw = bwrap_cold(a.cold_n)
+        if bw:
+            rows.append(summary("cold: bwrap --unshare-all + python3 -c", bw))
+            data["cold_bwrap_calls_per_s_serial"] = round(1000 / (sum(bw) / len(bw)), 1)
+        cc = await container_cold(c, max(a.cold_n // 3, 5))
+        rows.append(summary("cold: fresh container sandbox per call", cc))
+        data["cold_container_calls_per_s_serial"] = round(1000 / (sum(cc) / len(cc)), 1)
+        print_table(rows, ref=rows[0])
+        for k, v in data.items():
+            print(f"{k}: {v}")
+        if bw:
+            print(f"warm/cold(bwrap) throughput: {rate / data['cold_bwrap_calls_per_s_serial']:.1f}x (cold serial)")
+        print(f"warm/cold(container) throughput: {rate / data['cold_container_calls_per_s_serial']:.1f}x (cold serial)")
+        write_results("functions", {"rows": rows, **data})
+
+
+if __name__ == "__main__":
+    asyncio.run(main())
