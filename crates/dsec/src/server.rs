@@ -303,7 +303,11 @@ async fn simulated_edges(a: EdgeArgs) -> anyhow::Result<()> {
             .await
             .with_context(|| format!("listen on {addr} for simulated edge {i}"))?;
         let local = listener.local_addr().context("listener address")?;
-        let node_id = if count == 1 { prefix.clone() } else { format!("{prefix}{i}") };
+        let node_id = if count == 1 {
+            prefix.clone()
+        } else {
+            format!("{prefix}{i}")
+        };
         let capacity = a.capacity.unwrap_or(5000);
         let edge = SimulatedEdge::new(SimConfig {
             node_id,
@@ -330,7 +334,10 @@ async fn simulated_edges(a: EdgeArgs) -> anyhow::Result<()> {
         writeln!(out, "DSEC_EDGE_TOKEN={token}")?;
         out.flush()?;
     }
-    tracing::warn!(count, "SIMULATED edges (test/benchmark mode): sandboxes are tracked, nothing runs");
+    tracing::warn!(
+        count,
+        "SIMULATED edges (test/benchmark mode): sandboxes are tracked, nothing runs"
+    );
     let sig = wait_for_signal().await?;
     tracing::info!(signal = sig, "shutting down simulated edges");
     for t in tasks {
@@ -343,7 +350,11 @@ pub async fn apiserver(a: ApiserverArgs) -> anyhow::Result<()> {
     let Loaded { mut api, .. } = load_config(a.config.as_deref())?;
     if let Some(f) = &a.edges_file {
         let text = std::fs::read_to_string(f).with_context(|| format!("read {}", f.display()))?;
-        for line in text.lines().map(str::trim).filter(|l| !l.is_empty() && !l.starts_with('#')) {
+        for line in text
+            .lines()
+            .map(str::trim)
+            .filter(|l| !l.is_empty() && !l.starts_with('#'))
+        {
             api.edges.push(
                 EdgeEndpoint::parse(line).with_context(|| format!("{}: {line}", f.display()))?,
             );
