@@ -5,7 +5,9 @@ and tests/redteam/."""
 from __future__ import annotations
 
 import os
+import socket
 import subprocess
+import sys
 import tempfile
 import time
 from typing import List
@@ -58,6 +60,14 @@ class TestServers:
 
     def start(self) -> "TestServers":
         self.stop_ns()
+        try:
+            self._start()
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def _start(self) -> None:
         for c in [
             f"ip netns add {SRV_NS}",
             f"ip link add {HOST_IF} type veth peer name eth0 netns {SRV_NS}",
@@ -70,23 +80,37 @@ class TestServers:
             f"ip -n {SRV_NS} link set eth0 up",
             f"ip -n {SRV_NS} link set lo up",
             f"ip -n {SRV_NS} route add default via 198.18.7.1",
+            f"ip -n {SRV_NS} -6 route add default via fd42:7::1",
         ]:
             sh(c)
         with open(os.path.join(self.dir, "index.html"), "w") as f:
             f.write("reference-solution-42\n")
-        for addr, port in [(PYPI, 80), (PYPI, 8080), (NPM, 80), (PYPI6, 80)]:
-            p = subprocess.Popen(
-                ["ip", "netns", "exec", SRV_NS, "python3", "-m", "http.server", str(port), "--bind", addr],
-                cwd=self.dir, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-            )
+        servers = [(PYPI, 80), (PYPI, 8080), (NPM, 80), (PYPI6, 80)]
+        for addr, port in servers:
+            with open(os.path.join(self.dir, f"server-{port}-{addr.replace(':', '_')}.log"), "wb") as log:
+                p = subprocess.Popen(
+                    ["ip", "netns", "exec", SRV_NS, sys.executable, "-m", "http.server", str(port), "--bind", addr,
+                     "--directory", self.dir],
+                    cwd=self.dir, stdout=subprocess.DEVNULL, stderr=log,
+                )
             self.procs.append(p)
-        deadline = time.monotonic() + 10
-        for addr, port in [(PYPI, 80), (PYPI, 8080), (NPM, 80)]:
-            while sh(f"python3 -c 'import urllib.request as u; u.urlopen(\"http://{addr}:{port}/\", timeout=1)'", check=False).returncode != 0:
+        # Probed from the host (through the veth) with a plain connect: python startup is slow
+        # on a loaded machine, so wait generously.
+        deadline = time.monotonic() + 60
+        for (addr, port), p in zip(servers, self.procs):
+            while True:
+                if p.poll() is not None:
+                    with open(os.path.join(self.dir, f"server-{port}-{addr.replace(':', '_')}.log"), errors="replace") as f:
+                        err = f.read()
+                    raise RuntimeError(f"test server {addr}:{port} exited {p.returncode}: {err[-2000:]}")
+                try:
+                    with socket.create_connection((addr, port), timeout=1):
+                        break
+                except OSError:
+                    pass
                 if time.monotonic() > deadline:
-                    raise RuntimeError(f"test server {addr}:{port} did not come up")
+                    raise RuntimeError(f"test server {addr}:{port} did not come up within 60 s")
                 time.sleep(0.1)
-        return self
 
     def stop_ns(self) -> None:
         sh(f"ip link del {HOST_IF}", check=False)
@@ -94,7 +118,8 @@ class TestServers:
 
     def stop(self) -> None:
         for p in self.procs:
-            p.terminate()
+            if p.poll() is None:
+                p.terminate()
         for p in self.procs:
             try:
                 p.wait(timeout=5)

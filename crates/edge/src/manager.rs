@@ -787,6 +787,7 @@ impl Manager {
                 return Err(err);
             }
         };
+        crate::network::hook::started(&self.cfg, id, &dir);
         info.state = SandboxState::Running;
         info.create_ms = Some(started.elapsed().as_secs_f64() * 1000.0);
         record.info = info.clone();

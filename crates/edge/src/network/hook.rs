@@ -61,7 +61,8 @@ pub async fn prepare(
     }
     if disk_mb > 0 {
         let d = dir.to_path_buf();
-        tokio::task::spawn_blocking(move || crate::disk::prepare(&d, disk_mb))
+        let bps = cfg.disk_bps_limit_mb.saturating_mul(1 << 20);
+        tokio::task::spawn_blocking(move || crate::disk::prepare(&d, disk_mb, bps))
             .await
             .map_err(|e| EdgeError::Internal(format!("disk limit task: {e}")))?
             .map_err(|e| EdgeError::Internal(e.to_string()))?;
@@ -122,6 +123,26 @@ pub fn saved(net: &Network, id: &str, dir: &Path) {
                 groups: Some(p.groups),
             },
         );
+    }
+}
+
+/// Once the substrate made the sandbox's cgroup: on cgroup v2, caps its disk I/O with
+/// `io.max` (on v1 [`crate::disk::prepare`] already capped the loop device).
+pub fn started(cfg: &EdgeConfig, id: &str, dir: &Path) {
+    if cfg.disk_bps_limit_mb == 0 || !dir.join("disk.img").exists() {
+        return;
+    }
+    let root = dsec_runtime::cgroup::CgroupRoot::detect();
+    if root.version != dsec_runtime::cgroup::CgroupVersion::V2 {
+        return;
+    }
+    match dsec_runtime::cgroup::Cgroup::open(&root, &cfg.cgroup_parent(), id) {
+        Ok(cg) => crate::disk::throttle_v2(
+            cg.path(),
+            dir,
+            cfg.disk_bps_limit_mb.saturating_mul(1 << 20),
+        ),
+        Err(e) => tracing::warn!(sandbox = %id, error = %e, "I/O cap: open the sandbox cgroup"),
     }
 }
 

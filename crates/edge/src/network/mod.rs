@@ -62,7 +62,19 @@ impl Default for NetworkConfig {
             table: "dsec".into(),
             veth_prefix: "dsv".into(),
             gateway_interface: "dsec0".into(),
-            groups: BTreeMap::new(),
+            // The groups the SDK's examples name (`network_rules={"pypi": True, "npm": False}`)
+            // exist out of the box, with made-up `.test` names: an operator points them at the
+            // package mirrors of their site in `[edge.network.groups]`.
+            groups: BTreeMap::from([
+                (
+                    "pypi".to_string(),
+                    vec!["pypi.test".to_string(), "*.pypi.test".to_string()],
+                ),
+                (
+                    "npm".to_string(),
+                    vec!["npm.test".to_string(), "*.npm.test".to_string()],
+                ),
+            ]),
             hosts: BTreeMap::new(),
             dns_ttl_s: 60,
             domain_ports: vec![80, 443],
@@ -502,6 +514,11 @@ impl Network {
             .values()
             .map(|s| (s.ns.clone(), s.veth.clone()))
             .collect();
+        let live_keys: Vec<String> = lock(&self.sandboxes)
+            .values()
+            .map(|s| s.key.clone())
+            .collect();
+        let base = self.resolved.base.clone();
         blocking(move || {
             let (nss, veths) = netns::leftovers(&ns_prefix, &veth_prefix);
             let mut reaped = Vec::new();
@@ -515,6 +532,20 @@ impl Network {
             }
             if live.is_empty() {
                 nft::delete_table(&table);
+            } else {
+                // Chains, sets and counters of sandboxes that were not re-adopted.
+                for key in nft::list_keys(&table) {
+                    if live_keys.contains(&key) {
+                        continue;
+                    }
+                    let veth = format!("{}{key}", base.veth_prefix);
+                    match nft::apply(&nft::detach_orphan_script(&base, &key, &veth)) {
+                        Ok(()) => reaped.push(format!("nft:sb_{key}")),
+                        Err(e) => {
+                            tracing::warn!(key = %key, error = %e, "remove leftover sandbox chains")
+                        }
+                    }
+                }
             }
             Ok(reaped)
         })

@@ -150,10 +150,19 @@ fn ip(args: &[&str]) -> Result<(), NetError> {
     }
 }
 
-/// Makes the gateway dummy interface (idempotent) and turns on forwarding.
+/// Makes the gateway interface (idempotent) and turns on forwarding.
 pub fn host_setup(dummy: &str, gateway: Ipv4Addr) -> Result<(), NetError> {
     if !std::path::Path::new("/sys/class/net").join(dummy).exists() {
-        ip(&["link", "add", dummy, "type", "dummy"])?;
+        // A dummy device where the kernel has the module; else a port-less bridge, which
+        // holds a local address just as well (some kernels are built without `dummy`).
+        if let Err(e) = ip(&["link", "add", dummy, "type", "dummy"]) {
+            ip(&["link", "add", dummy, "type", "bridge"]).map_err(|e2| NetError::Tool {
+                tool: "ip",
+                message: format!(
+                    "neither a dummy ({e}) nor a bridge ({e2}) device can hold the gateway address"
+                ),
+            })?;
+        }
     }
     let _ = ip(&["addr", "replace", &format!("{gateway}/32"), "dev", dummy]);
     ip(&["link", "set", dummy, "up"])?;

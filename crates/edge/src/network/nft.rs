@@ -49,17 +49,17 @@ pub fn base_script(b: &Base) -> String {
     let p = &b.veth_prefix;
     format!(
         "add table inet {t}\n\
-         add map inet {t} fwd {{ type ifname : verdict; }}\n\
-         add map inet {t} inp {{ type ifname : verdict; }}\n\
+         add map inet {t} veth_fwd {{ type ifname : verdict; }}\n\
+         add map inet {t} veth_inp {{ type ifname : verdict; }}\n\
          add chain inet {t} forward {{ type filter hook forward priority -10; policy accept; }}\n\
          add chain inet {t} input {{ type filter hook input priority -10; policy accept; }}\n\
          add chain inet {t} post {{ type nat hook postrouting priority 100; policy accept; }}\n\
          flush chain inet {t} forward\n\
          flush chain inet {t} input\n\
          flush chain inet {t} post\n\
-         add rule inet {t} forward iifname vmap @fwd\n\
+         add rule inet {t} forward iifname vmap @veth_fwd\n\
          add rule inet {t} forward iifname \"{p}*\" drop\n\
-         add rule inet {t} input iifname vmap @inp\n\
+         add rule inet {t} input iifname vmap @veth_inp\n\
          add rule inet {t} input iifname \"{p}*\" drop\n\
          add rule inet {t} post ip saddr {v4} ip daddr != {v4} masquerade\n\
          add rule inet {t} post ip6 saddr {v6} ip6 daddr != {v6} masquerade\n",
@@ -99,12 +99,12 @@ pub fn attach_script(b: &Base, r: &SandboxRules<'_>) -> String {
     s.push_str(&rules_script(b, r));
     let _ = writeln!(
         s,
-        "add element inet {t} fwd {{ \"{}\" : jump sb_{k} }}",
+        "add element inet {t} veth_fwd {{ \"{}\" : jump sb_{k} }}",
         r.veth
     );
     let _ = writeln!(
         s,
-        "add element inet {t} inp {{ \"{}\" : jump sb_{k}_in }}",
+        "add element inet {t} veth_inp {{ \"{}\" : jump sb_{k}_in }}",
         r.veth
     );
     s
@@ -219,8 +219,8 @@ pub fn rules_script(b: &Base, r: &SandboxRules<'_>) -> String {
 pub fn detach_script(b: &Base, key: &str, veth: &str) -> String {
     let t = &b.table;
     let mut s = String::new();
-    let _ = writeln!(s, "delete element inet {t} fwd {{ \"{veth}\" }}");
-    let _ = writeln!(s, "delete element inet {t} inp {{ \"{veth}\" }}");
+    let _ = writeln!(s, "delete element inet {t} veth_fwd {{ \"{veth}\" }}");
+    let _ = writeln!(s, "delete element inet {t} veth_inp {{ \"{veth}\" }}");
     let _ = writeln!(s, "flush chain inet {t} sb_{key}_in");
     let _ = writeln!(s, "flush chain inet {t} sb_{key}");
     let _ = writeln!(s, "delete chain inet {t} sb_{key}_in");
@@ -230,6 +230,43 @@ pub fn detach_script(b: &Base, key: &str, veth: &str) -> String {
     }
     let _ = writeln!(s, "delete counter inet {t} {}", counter_name(key));
     s
+}
+
+/// Like [`detach_script`] for leftovers of a crashed run: map entries that may be missing are
+/// added first so that their deletion cannot fail the transaction.
+pub fn detach_orphan_script(b: &Base, key: &str, veth: &str) -> String {
+    let t = &b.table;
+    format!(
+        "add element inet {t} veth_fwd {{ \"{veth}\" : jump sb_{key} }}\n\
+         add element inet {t} veth_inp {{ \"{veth}\" : jump sb_{key}_in }}\n{}",
+        detach_script(b, key, veth)
+    )
+}
+
+/// Keys of the per-sandbox chains (`chain sb_<key> {`) in `nft list table` output.
+pub fn chain_keys(text: &str) -> Vec<String> {
+    let mut keys: Vec<String> = text
+        .lines()
+        .filter_map(|l| l.trim().strip_prefix("chain sb_"))
+        .filter_map(|rest| rest.split_whitespace().next())
+        .filter(|k| !k.ends_with("_in") && k.bytes().all(|b| b.is_ascii_alphanumeric()))
+        .map(str::to_string)
+        .collect();
+    keys.sort();
+    keys.dedup();
+    keys
+}
+
+/// The per-sandbox chain keys present in the table (empty when the table is absent).
+pub fn list_keys(table: &str) -> Vec<String> {
+    match Command::new("nft")
+        .args(["list", "table", "inet", table])
+        .stderr(Stdio::null())
+        .output()
+    {
+        Ok(o) if o.status.success() => chain_keys(&String::from_utf8_lossy(&o.stdout)),
+        _ => Vec::new(),
+    }
 }
 
 /// Adds DNS-granted destinations (`addr . port`) with a timeout.
@@ -414,6 +451,106 @@ mod tests {
             g.contains("sb_abc_d4 { 192.0.2.9 . 80 timeout 30s, 192.0.2.9 . 443 timeout 30s }"),
             "{g}"
         );
+    }
+
+    /// The generated scripts against the real nftables (a scratch table, removed at the end).
+    #[test]
+    fn scripts_apply_to_the_kernel() {
+        if !nix::unistd::geteuid().is_root()
+            || Command::new("nft").arg("--version").output().is_err()
+        {
+            eprintln!("skip: needs root and nft");
+            return;
+        }
+        let mut b = base();
+        b.table = format!("dsec_unit{}", std::process::id());
+        let allows = vec![
+            Allow {
+                cidr: parse_cidr("192.0.2.0/24").unwrap(),
+                proto: Proto::Tcp,
+                ports: (80, 443),
+            },
+            Allow {
+                cidr: parse_cidr("fd01::/64").unwrap(),
+                proto: Proto::Udp,
+                ports: (53, 53),
+            },
+            Allow {
+                cidr: parse_cidr("198.51.100.1").unwrap(),
+                proto: Proto::Icmp,
+                ports: (0, 0),
+            },
+            Allow {
+                cidr: parse_cidr("fd02::1").unwrap(),
+                proto: Proto::Icmp,
+                ports: (0, 0),
+            },
+        ];
+        let r = SandboxRules {
+            key: "0123abcd",
+            veth: "dsv0123abcd",
+            ipv4: "10.201.0.2".parse().unwrap(),
+            ipv6: "fd00:d5ec::2".parse().unwrap(),
+            mode: NetworkMode::Allowlist,
+            allows: &allows,
+        };
+        let result = (|| -> Result<(), NetError> {
+            apply(&base_script(&b))?;
+            apply(&base_script(&b))?; // idempotent
+            apply(&attach_script(&b, &r))?;
+            apply(&grant_script(
+                &b,
+                r.key,
+                "192.0.2.9".parse().unwrap(),
+                &[80, 443],
+                Duration::from_secs(30),
+            ))?;
+            apply(&grant_script(
+                &b,
+                r.key,
+                "192.0.2.9".parse().unwrap(),
+                &[80, 443],
+                Duration::from_secs(30),
+            ))?; // refresh
+            apply(&grant_script(
+                &b,
+                r.key,
+                "fd01::9".parse().unwrap(),
+                &[80],
+                Duration::from_secs(30),
+            ))?;
+            apply(&rules_script(
+                &b,
+                &SandboxRules {
+                    mode: NetworkMode::Open,
+                    ..r.clone()
+                },
+            ))?;
+            apply(&rules_script(&b, &r))?;
+            assert_eq!(denied_packets(&b, r.key)?, 0);
+            assert_eq!(list_keys(&b.table), vec![r.key.to_string()]);
+            apply(&detach_script(&b, r.key, r.veth))?;
+            assert!(list_keys(&b.table).is_empty());
+            // A crashed run's leftovers: attached, then removed by the orphan script.
+            apply(&attach_script(&b, &r))?;
+            apply(&detach_orphan_script(&b, r.key, r.veth))?;
+            assert!(list_keys(&b.table).is_empty());
+            Ok(())
+        })();
+        delete_table(&b.table);
+        result.unwrap();
+    }
+
+    #[test]
+    fn orphans() {
+        let text = "table inet dsec {\n\tset sb_abc_a4 {\n\t}\n\tchain forward {\n\t}\n\tchain sb_abc {\n\t\tjump sb_abc_in\n\t}\n\tchain sb_abc_in {\n\t}\n\tchain sb_0f1 {\n\t}\n}\n";
+        assert_eq!(chain_keys(text), vec!["0f1".to_string(), "abc".to_string()]);
+        let s = detach_orphan_script(&base(), "abc", "dsvabc");
+        assert!(
+            s.starts_with("add element inet dsec veth_fwd { \"dsvabc\" : jump sb_abc }"),
+            "{s}"
+        );
+        assert!(s.contains("delete counter inet dsec sb_abc_denied"));
     }
 
     #[test]
