@@ -1,12 +1,14 @@
-//! The IAM database (SQLite): principals, API keys (sha256 only), projects.
+//! The IAM database: principals, API keys (sha256 only), projects, quotas, usage and
+//! idempotency keys, on SQLite (default) or PostgreSQL ([`crate::store`]).
 //!
 //! The schema is shaped for the cluster issue (hierarchical projects, per-principal keys,
-//! revocation); today there is one `admin` principal and one `default` project.
+//! revocation); a fresh database has one `admin` principal and one `default` project.
 
 use std::path::Path;
 use std::sync::{Arc, Mutex};
 
-use rusqlite::{params, Connection, OptionalExtension};
+use crate::p;
+use crate::store::{Conn, Target};
 
 #[derive(Debug, thiserror::Error)]
 pub enum DbError {
@@ -15,13 +17,42 @@ pub enum DbError {
         path: String,
         source: rusqlite::Error,
     },
+    #[error("connect to IAM database {url}: {source}")]
+    OpenPg {
+        url: String,
+        source: postgres::Error,
+    },
     #[error("IAM database: {0}")]
     Sql(#[from] rusqlite::Error),
+    #[error("IAM database (PostgreSQL): {0}")]
+    Pg(#[from] postgres::Error),
+    #[error("IAM database: unexpected value: {0}")]
+    Type(String),
     #[error("IAM database task failed: {0}")]
     Join(String),
 }
 
-const SCHEMA: &str = "
+impl DbError {
+    /// A transient conflict between concurrent transactions (PostgreSQL deadlock,
+    /// serialization failure, or a unique key taken by a concurrent insert; SQLite busy):
+    /// running the transaction again is safe and expected to succeed.
+    pub fn is_retryable(&self) -> bool {
+        use postgres::error::SqlState;
+        match self {
+            DbError::Pg(e) => e.code().is_some_and(|c| {
+                *c == SqlState::T_R_DEADLOCK_DETECTED
+                    || *c == SqlState::T_R_SERIALIZATION_FAILURE
+                    || *c == SqlState::UNIQUE_VIOLATION
+            }),
+            DbError::Sql(rusqlite::Error::SqliteFailure(e, _)) => {
+                e.code == rusqlite::ErrorCode::DatabaseBusy
+            }
+            _ => false,
+        }
+    }
+}
+
+const SCHEMA_SQLITE: &str = "
 CREATE TABLE IF NOT EXISTS principals (
     id TEXT PRIMARY KEY,
     name TEXT NOT NULL UNIQUE,
@@ -38,7 +69,7 @@ CREATE TABLE IF NOT EXISTS projects (
     name TEXT NOT NULL,
     parent_id TEXT REFERENCES projects(id)
 );
--- Quota (NULL: unlimited) and usage of a project; usage includes every descendant's.
+-- Quota (NULL: unlimited) and usage of a project (usage includes every descendant's).
 CREATE TABLE IF NOT EXISTS quotas (
     project_id TEXT PRIMARY KEY REFERENCES projects(id),
     max_sandboxes INTEGER,
@@ -70,9 +101,66 @@ CREATE TABLE IF NOT EXISTS principal_projects (
     principal_id TEXT PRIMARY KEY REFERENCES principals(id),
     project_id TEXT NOT NULL REFERENCES projects(id)
 );
-INSERT OR IGNORE INTO projects (id, name, parent_id) VALUES ('root', 'root', NULL);
-INSERT OR IGNORE INTO quotas (project_id) VALUES ('root');
 ";
+
+/// The same schema in PostgreSQL's types (64-bit integers throughout).
+const SCHEMA_PG: &str = "
+CREATE TABLE IF NOT EXISTS principals (
+    id TEXT PRIMARY KEY,
+    name TEXT NOT NULL UNIQUE,
+    kind TEXT NOT NULL
+);
+CREATE TABLE IF NOT EXISTS api_keys (
+    key_hash TEXT PRIMARY KEY,
+    principal_id TEXT NOT NULL REFERENCES principals(id),
+    created_at BIGINT NOT NULL,
+    revoked_at BIGINT
+);
+CREATE TABLE IF NOT EXISTS projects (
+    id TEXT PRIMARY KEY,
+    name TEXT NOT NULL,
+    parent_id TEXT REFERENCES projects(id)
+);
+CREATE TABLE IF NOT EXISTS quotas (
+    project_id TEXT PRIMARY KEY REFERENCES projects(id),
+    max_sandboxes BIGINT,
+    max_cpu_milli BIGINT,
+    max_memory_mb BIGINT,
+    max_creates_per_s BIGINT,
+    used_sandboxes BIGINT NOT NULL DEFAULT 0,
+    used_cpu_milli BIGINT NOT NULL DEFAULT 0,
+    used_memory_mb BIGINT NOT NULL DEFAULT 0,
+    rate_sec BIGINT NOT NULL DEFAULT 0,
+    rate_count BIGINT NOT NULL DEFAULT 0
+);
+CREATE TABLE IF NOT EXISTS allocations (
+    res_id TEXT PRIMARY KEY,
+    sandbox_id TEXT UNIQUE,
+    node TEXT,
+    project_id TEXT NOT NULL,
+    cpu_milli BIGINT NOT NULL,
+    memory_mb BIGINT NOT NULL,
+    created_ms BIGINT NOT NULL,
+    idem_key TEXT
+);
+CREATE UNIQUE INDEX IF NOT EXISTS allocations_idem ON allocations(project_id, idem_key)
+    WHERE idem_key IS NOT NULL;
+CREATE INDEX IF NOT EXISTS allocations_node ON allocations(node);
+CREATE INDEX IF NOT EXISTS allocations_pending ON allocations(created_ms) WHERE sandbox_id IS NULL;
+CREATE TABLE IF NOT EXISTS principal_projects (
+    principal_id TEXT PRIMARY KEY REFERENCES principals(id),
+    project_id TEXT NOT NULL REFERENCES projects(id)
+);
+";
+
+/// Rows every database starts with (both dialects).
+const SEED: &[&str] = &[
+    "INSERT INTO projects (id, name, parent_id) VALUES ('root', 'root', NULL) ON CONFLICT DO NOTHING",
+    // Databases made before projects had a parent: hang `default` under `root`.
+    "UPDATE projects SET parent_id = 'root' WHERE id = 'default' AND parent_id IS NULL",
+    // `WHERE true`: SQLite needs it to parse `INSERT ... SELECT ... ON CONFLICT`.
+    "INSERT INTO quotas (project_id) SELECT id FROM projects WHERE true ON CONFLICT DO NOTHING",
+];
 
 /// A principal that a key belongs to.
 #[derive(Debug, Clone, PartialEq)]
@@ -88,73 +176,105 @@ pub struct Principal {
 /// Handle to the IAM database; cheap to clone. Calls run on the blocking pool.
 #[derive(Clone)]
 pub struct Db {
-    conn: Arc<Mutex<Connection>>,
-    path: std::path::PathBuf,
+    conn: Arc<Mutex<Conn>>,
+    target: Target,
 }
 
-fn now_secs() -> i64 {
+pub(crate) fn now_secs() -> i64 {
     std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map(|d| d.as_secs() as i64)
         .unwrap_or(0)
 }
 
+/// Creates the schema and seed rows on a fresh connection (idempotent; serialized between
+/// replicas starting at once).
+fn migrate(conn: &mut Conn) -> Result<(), DbError> {
+    let pg = conn.is_postgres();
+    let mut tx = conn.begin(true)?;
+    if pg {
+        // CREATE TABLE IF NOT EXISTS is not safe against a concurrent twin: one at a time.
+        tx.query("SELECT pg_advisory_xact_lock(7480)", &[])?;
+    }
+    for stmt in if pg { SCHEMA_PG } else { SCHEMA_SQLITE }.split(';') {
+        if stmt
+            .lines()
+            .any(|l| !l.trim().is_empty() && !l.trim().starts_with("--"))
+        {
+            tx.exec(stmt, &[])?;
+        }
+    }
+    for stmt in SEED {
+        tx.exec(stmt, &[])?;
+    }
+    tx.commit()
+}
+
 impl Db {
-    /// Opens (creating if needed) the database and its schema.
+    /// Opens (creating if needed) the SQLite database at `path` and its schema.
     pub fn open(path: &Path) -> Result<Db, DbError> {
-        if let Some(parent) = path.parent() {
-            if !parent.as_os_str().is_empty() {
-                let _ = std::fs::create_dir_all(parent);
-            }
-        }
-        let conn = Connection::open(path).map_err(|source| DbError::Open {
-            path: path.display().to_string(),
-            source,
-        })?;
-        conn.pragma_update(None, "journal_mode", "WAL")?;
-        conn.pragma_update(None, "foreign_keys", "ON")?;
-        conn.busy_timeout(std::time::Duration::from_secs(5))?;
-        conn.pragma_update(None, "synchronous", "NORMAL")?;
-        conn.execute_batch("BEGIN IMMEDIATE")?;
-        let schema = conn.execute_batch(SCHEMA).and_then(|()| {
-            // Databases made before projects had a parent: hang `default` under `root`.
-            conn.execute_batch(
-                "UPDATE projects SET parent_id = 'root' WHERE id = 'default' AND parent_id IS NULL;
-                 INSERT OR IGNORE INTO quotas (project_id) SELECT id FROM projects;",
-            )
-        });
-        match schema {
-            Ok(()) => conn.execute_batch("COMMIT")?,
-            Err(e) => {
-                let _ = conn.execute_batch("ROLLBACK");
-                return Err(e.into());
-            }
-        }
+        Db::connect(Target::Sqlite(path.to_path_buf()))
+    }
+
+    /// Opens the database `--db` names (`sqlite:///path`, a path, or `postgres://…`),
+    /// creating the schema if needed.
+    pub fn open_url(url: &str) -> Result<Db, DbError> {
+        Db::connect(Target::parse(url))
+    }
+
+    /// Connects and creates the schema if needed. Safe to call from async code (PostgreSQL's
+    /// blocking client then connects on a scoped thread).
+    pub fn connect(target: Target) -> Result<Db, DbError> {
+        let open = || {
+            let mut conn = target.connect()?;
+            migrate(&mut conn)?;
+            Ok::<_, DbError>(conn)
+        };
+        let conn = match target {
+            Target::Sqlite(_) => open()?,
+            Target::Postgres(_) => std::thread::scope(|s| {
+                s.spawn(open)
+                    .join()
+                    .map_err(|_| DbError::Join("IAM database connect panicked".into()))?
+            })?,
+        };
         Ok(Db {
             conn: Arc::new(Mutex::new(conn)),
-            path: path.to_path_buf(),
+            target,
         })
     }
 
-    /// The path the database was opened from (other connections, e.g. the quota ledger).
-    pub fn path(&self) -> &Path {
-        &self.path
+    /// Where the database lives (other connections, e.g. the quota ledger, open it again).
+    pub fn target(&self) -> &Target {
+        &self.target
     }
 
-    pub(crate) fn with<T: Send + 'static>(
+    /// Runs `f` on the connection. PostgreSQL's blocking client runs its own small runtime,
+    /// which must not start inside an async context, so there `f` runs on a scoped thread.
+    pub(crate) fn with<T: Send>(
         &self,
-        f: impl FnOnce(&mut Connection) -> Result<T, DbError>,
+        f: impl FnOnce(&mut Conn) -> Result<T, DbError> + Send,
     ) -> Result<T, DbError> {
-        let mut guard = self
-            .conn
-            .lock()
-            .map_err(|_| DbError::Join("IAM database lock poisoned".into()))?;
-        f(&mut guard)
+        let run = || {
+            let mut guard = self
+                .conn
+                .lock()
+                .map_err(|_| DbError::Join("IAM database lock poisoned".into()))?;
+            f(&mut guard)
+        };
+        match self.target {
+            Target::Sqlite(_) => run(),
+            Target::Postgres(_) => std::thread::scope(|s| {
+                s.spawn(run)
+                    .join()
+                    .map_err(|_| DbError::Join("IAM database call panicked".into()))?
+            }),
+        }
     }
 
     pub(crate) async fn run<T: Send + 'static>(
         &self,
-        f: impl FnOnce(&mut Connection) -> Result<T, DbError> + Send + 'static,
+        f: impl FnOnce(&mut Conn) -> Result<T, DbError> + Send + 'static,
     ) -> Result<T, DbError> {
         let db = self.clone();
         tokio::task::spawn_blocking(move || db.with(f))
@@ -166,27 +286,37 @@ impl Db {
     /// key, and returns the plaintext key (the only time it exists outside its holder).
     pub fn bootstrap(&self) -> Result<Option<String>, DbError> {
         self.with(|conn| {
-            let tx = conn.transaction()?;
-            let count: i64 = tx.query_row("SELECT COUNT(*) FROM principals", [], |r| r.get(0))?;
+            let pg = conn.is_postgres();
+            let mut tx = conn.begin(true)?;
+            if pg {
+                // Two replicas starting on an empty database: one bootstraps.
+                tx.query("SELECT pg_advisory_xact_lock(7481)", &[])?;
+            }
+            let count = tx
+                .query_opt("SELECT COUNT(*) FROM principals", &[])?
+                .map(|r| r.i64(0))
+                .transpose()?
+                .unwrap_or(0);
             if count > 0 {
                 return Ok(None);
             }
-            tx.execute(
+            tx.exec(
                 "INSERT INTO principals (id, name, kind) VALUES ('p-admin', 'admin', 'admin')",
-                [],
+                &[],
             )?;
-            tx.execute(
-                "INSERT OR IGNORE INTO projects (id, name, parent_id) VALUES ('default', 'default', 'root')",
-                [],
+            tx.exec(
+                "INSERT INTO projects (id, name, parent_id) VALUES ('default', 'default', 'root')
+                 ON CONFLICT DO NOTHING",
+                &[],
             )?;
-            tx.execute(
-                "INSERT OR IGNORE INTO quotas (project_id) VALUES ('default')",
-                [],
+            tx.exec(
+                "INSERT INTO quotas (project_id) VALUES ('default') ON CONFLICT DO NOTHING",
+                &[],
             )?;
             let key = crate::auth::generate_key();
-            tx.execute(
-                "INSERT INTO api_keys (key_hash, principal_id, created_at) VALUES (?1, 'p-admin', ?2)",
-                params![crate::auth::hash_key(&key), now_secs()],
+            tx.exec(
+                "INSERT INTO api_keys (key_hash, principal_id, created_at) VALUES ($1, 'p-admin', $2)",
+                p![crate::auth::hash_key(&key), now_secs()],
             )?;
             tx.commit()?;
             Ok(Some(key))
@@ -195,31 +325,35 @@ impl Db {
 
     /// Issues a new key for the principal named `name`; returns the plaintext.
     pub fn issue_key(&self, principal_name: &str) -> Result<Option<String>, DbError> {
-        let name = principal_name.to_string();
         self.with(move |conn| {
-            let id: Option<String> = conn
-                .query_row("SELECT id FROM principals WHERE name = ?1", [&name], |r| {
-                    r.get(0)
-                })
-                .optional()?;
+            let mut tx = conn.begin(true)?;
+            let id = tx
+                .query_opt(
+                    "SELECT id FROM principals WHERE name = $1",
+                    p![principal_name],
+                )?
+                .map(|r| r.str(0))
+                .transpose()?;
             let Some(id) = id else { return Ok(None) };
             let key = crate::auth::generate_key();
-            conn.execute(
-                "INSERT INTO api_keys (key_hash, principal_id, created_at) VALUES (?1, ?2, ?3)",
-                params![crate::auth::hash_key(&key), id, now_secs()],
+            tx.exec(
+                "INSERT INTO api_keys (key_hash, principal_id, created_at) VALUES ($1, $2, $3)",
+                p![crate::auth::hash_key(&key), id, now_secs()],
             )?;
+            tx.commit()?;
             Ok(Some(key))
         })
     }
 
     /// Marks a key revoked.
     pub fn revoke_key(&self, key_hash: &str) -> Result<bool, DbError> {
-        let h = key_hash.to_string();
         self.with(move |conn| {
-            let n = conn.execute(
-                "UPDATE api_keys SET revoked_at = ?2 WHERE key_hash = ?1 AND revoked_at IS NULL",
-                params![h, now_secs()],
+            let mut tx = conn.begin(true)?;
+            let n = tx.exec(
+                "UPDATE api_keys SET revoked_at = $2 WHERE key_hash = $1 AND revoked_at IS NULL",
+                p![key_hash, now_secs()],
             )?;
+            tx.commit()?;
             Ok(n > 0)
         })
     }
@@ -227,23 +361,25 @@ impl Db {
     /// The principal owning an unrevoked key with this hash.
     pub async fn principal_for(&self, key_hash: String) -> Result<Option<Principal>, DbError> {
         self.run(move |conn| {
-            Ok(conn
-                .query_row(
-                    "SELECT p.id, p.name, p.kind, COALESCE(pp.project_id, 'default')
-                     FROM api_keys k JOIN principals p ON p.id = k.principal_id
-                     LEFT JOIN principal_projects pp ON pp.principal_id = p.id
-                     WHERE k.key_hash = ?1 AND k.revoked_at IS NULL",
-                    [&key_hash],
-                    |r| {
-                        Ok(Principal {
-                            id: r.get(0)?,
-                            name: r.get(1)?,
-                            kind: r.get(2)?,
-                            project: r.get(3)?,
-                        })
-                    },
-                )
-                .optional()?)
+            let mut tx = conn.begin(false)?;
+            let row = tx.query_opt(
+                "SELECT p.id, p.name, p.kind, COALESCE(pp.project_id, 'default')
+                 FROM api_keys k JOIN principals p ON p.id = k.principal_id
+                 LEFT JOIN principal_projects pp ON pp.principal_id = p.id
+                 WHERE k.key_hash = $1 AND k.revoked_at IS NULL",
+                p![key_hash],
+            )?;
+            let out = match row {
+                Some(r) => Some(Principal {
+                    id: r.str(0)?,
+                    name: r.str(1)?,
+                    kind: r.str(2)?,
+                    project: r.str(3)?,
+                }),
+                None => None,
+            };
+            tx.commit()?;
+            Ok(out)
         })
         .await
     }

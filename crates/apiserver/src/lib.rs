@@ -24,6 +24,7 @@ pub mod metrics;
 pub mod placement;
 pub mod reconcile;
 pub mod routes;
+pub mod store;
 pub mod watcher;
 
 use std::net::SocketAddr;
@@ -70,7 +71,7 @@ impl ApiServer {
     /// the watcher and serves on `config.listen`.
     pub async fn start(config: ApiConfig) -> Result<ApiServer, StartApiError> {
         config.validate()?;
-        let db = db::Db::open(&config.db_path)?;
+        let db = db::Db::connect(store::Target::from_path(&config.db_path))?;
         let bootstrap_key = db.bootstrap()?;
         let http = reqwest::Client::builder()
             .connect_timeout(Duration::from_millis(config.edge_connect_timeout_ms))
@@ -84,7 +85,7 @@ impl ApiServer {
             db.clone(),
             Duration::from_millis(config.key_cache_ms),
         ));
-        let ledger = iam::ledger::Ledger::open(db.path())?;
+        let ledger = iam::ledger::Ledger::open(&db)?;
         let config = Arc::new(config);
         let state = routes::AppState {
             forwarder: forward::Forwarder::new(http.clone(), watcher.clone(), metrics.clone()),

@@ -1,27 +1,51 @@
 //! Admin operations on projects, quotas, principals and keys.
 
-use rusqlite::{params, OptionalExtension, Transaction, TransactionBehavior};
-
 use super::{
     cpu_milli, valid_project_name, CreatedKey, IamError, ProjectList, ProjectView, Quota, Usage,
 };
-use crate::db::Db;
+use crate::db::{now_secs, Db, DbError};
+use crate::p;
+use crate::store::{Row, Tx};
 
-fn quota_of(tx: &Transaction<'_>, project: &str) -> Result<Option<Quota>, rusqlite::Error> {
-    tx.query_row(
+fn quota_from(r: &Row, at: usize) -> Result<Quota, DbError> {
+    Ok(Quota {
+        max_sandboxes: r.opt_i64(at)?.map(|v| v.max(0) as u64),
+        max_cpu_cores: r.opt_i64(at + 1)?.map(|v| v as f64 / 1000.0),
+        max_memory_mb: r.opt_i64(at + 2)?.map(|v| v.max(0) as u64),
+        max_creates_per_s: r.opt_i64(at + 3)?.map(|v| v.max(0) as u64),
+    })
+}
+
+fn quota_of(tx: &mut Tx<'_>, project: &str) -> Result<Option<Quota>, DbError> {
+    let sql = format!(
         "SELECT max_sandboxes, max_cpu_milli, max_memory_mb, max_creates_per_s FROM quotas
-         WHERE project_id = ?1",
-        [project],
-        |r| {
-            Ok(Quota {
-                max_sandboxes: r.get::<_, Option<i64>>(0)?.map(|v| v.max(0) as u64),
-                max_cpu_cores: r.get::<_, Option<i64>>(1)?.map(|v| v as f64 / 1000.0),
-                max_memory_mb: r.get::<_, Option<i64>>(2)?.map(|v| v.max(0) as u64),
-                max_creates_per_s: r.get::<_, Option<i64>>(3)?.map(|v| v.max(0) as u64),
-            })
-        },
-    )
-    .optional()
+         WHERE project_id = $1{}",
+        tx.for_update()
+    );
+    tx.query_opt(&sql, p![project])?
+        .map(|r| quota_from(&r, 0))
+        .transpose()
+}
+
+/// Runs an admin transaction, again when it lost a race with a concurrent one (PostgreSQL).
+fn retrying<T>(
+    conn: &mut crate::store::Conn,
+    mut f: impl FnMut(&mut Tx<'_>) -> Result<Result<T, IamError>, DbError>,
+) -> Result<Result<T, IamError>, DbError> {
+    let mut attempt = 0;
+    loop {
+        let mut tx = conn.begin(true)?;
+        let r = f(&mut tx).and_then(|v| {
+            if v.is_ok() {
+                tx.commit()?;
+            }
+            Ok(v)
+        });
+        match r {
+            Err(e) if e.is_retryable() && attempt < 8 => attempt += 1,
+            r => return r,
+        }
+    }
 }
 
 /// A child's quota must fit in its parent's, dimension by dimension (an unlimited parent
@@ -79,13 +103,14 @@ fn validate_quota(q: &Quota) -> Result<(), IamError> {
     Ok(())
 }
 
-fn write_quota(tx: &Transaction<'_>, project: &str, q: &Quota) -> Result<(), rusqlite::Error> {
-    tx.execute(
+fn write_quota(tx: &mut Tx<'_>, project: &str, q: &Quota) -> Result<(), DbError> {
+    tx.exec(
         "INSERT INTO quotas (project_id, max_sandboxes, max_cpu_milli, max_memory_mb, max_creates_per_s)
-         VALUES (?1, ?2, ?3, ?4, ?5)
-         ON CONFLICT(project_id) DO UPDATE SET max_sandboxes = ?2, max_cpu_milli = ?3,
-             max_memory_mb = ?4, max_creates_per_s = ?5",
-        params![
+         VALUES ($1, $2, $3, $4, $5)
+         ON CONFLICT(project_id) DO UPDATE SET max_sandboxes = excluded.max_sandboxes,
+             max_cpu_milli = excluded.max_cpu_milli, max_memory_mb = excluded.max_memory_mb,
+             max_creates_per_s = excluded.max_creates_per_s",
+        p![
             project,
             q.max_sandboxes.map(|v| v as i64),
             q.max_cpu_cores.map(cpu_milli),
@@ -98,23 +123,20 @@ fn write_quota(tx: &Transaction<'_>, project: &str, q: &Quota) -> Result<(), rus
 
 /// Quota checks for setting `q` on `project`: within its parent's, and not below what any
 /// child was delegated.
-fn check_delegation(tx: &Transaction<'_>, project: &str, q: &Quota) -> Result<(), IamError> {
+fn check_delegation(tx: &mut Tx<'_>, project: &str, q: &Quota) -> Result<(), IamError> {
     let parent: Option<String> = tx
-        .query_row(
-            "SELECT parent_id FROM projects WHERE id = ?1",
-            [project],
-            |r| r.get(0),
-        )
-        .optional()?
-        .ok_or_else(|| IamError::NotFound(format!("project {project:?} does not exist")))?;
+        .query_opt("SELECT parent_id FROM projects WHERE id = $1", p![project])?
+        .ok_or_else(|| IamError::NotFound(format!("project {project:?} does not exist")))?
+        .opt_str(0)?;
     if let Some(parent) = parent {
         if let Some(pq) = quota_of(tx, &parent)? {
             check_fits(q, &pq, &parent)?;
         }
     }
-    let mut stmt = tx.prepare("SELECT id FROM projects WHERE parent_id = ?1")?;
-    let children: Vec<String> = stmt
-        .query_map([project], |r| r.get(0))?
+    let children: Vec<String> = tx
+        .query("SELECT id FROM projects WHERE parent_id = $1", p![project])?
+        .iter()
+        .map(|r| r.str(0))
         .collect::<Result<_, _>>()?;
     for c in children {
         if let Some(cq) = quota_of(tx, &c)? {
@@ -142,41 +164,38 @@ pub async fn create_project(
     let q = quota.unwrap_or_default();
     validate_quota(&q)?;
     let (name, parent) = (name.to_string(), parent.unwrap_or("root").to_string());
-    let r: Result<Result<(), IamError>, crate::db::DbError> = db
+    let r: Result<Result<(), IamError>, DbError> = db
         .run(move |conn| {
-            let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
-            let exists: bool = tx
-                .query_row("SELECT 1 FROM projects WHERE id = ?1", [&name], |_| Ok(()))
-                .optional()?
-                .is_some();
-            if exists {
-                return Ok(Err(IamError::Conflict(format!(
-                    "project {name:?} already exists"
-                ))));
-            }
-            let parent_ok = tx
-                .query_row(
-                    "SELECT 1 FROM projects WHERE id = ?1",
-                    [&parent],
-                    |_| Ok(()),
-                )
-                .optional()?
-                .is_some();
-            if !parent_ok {
-                return Ok(Err(IamError::NotFound(format!(
-                    "parent project {parent:?} does not exist"
-                ))));
-            }
-            tx.execute(
-                "INSERT INTO projects (id, name, parent_id) VALUES (?1, ?1, ?2)",
-                params![name, parent],
-            )?;
-            if let Err(e) = check_delegation(&tx, &name, &q) {
-                return Ok(Err(e));
-            }
-            write_quota(&tx, &name, &q)?;
-            tx.commit()?;
-            Ok(Ok(()))
+            retrying(conn, |tx| {
+                if tx
+                    .query_opt("SELECT 1 FROM projects WHERE id = $1", p![&name])?
+                    .is_some()
+                {
+                    return Ok(Err(IamError::Conflict(format!(
+                        "project {name:?} already exists"
+                    ))));
+                }
+                if tx
+                    .query_opt("SELECT 1 FROM projects WHERE id = $1", p![&parent])?
+                    .is_none()
+                {
+                    return Ok(Err(IamError::NotFound(format!(
+                        "parent project {parent:?} does not exist"
+                    ))));
+                }
+                tx.exec(
+                    "INSERT INTO projects (id, name, parent_id) VALUES ($1, $1, $2)",
+                    p![&name, &parent],
+                )?;
+                if let Err(e) = check_delegation(tx, &name, &q) {
+                    return match e {
+                        IamError::Db(e) => Err(e),
+                        e => Ok(Err(e)),
+                    };
+                }
+                write_quota(tx, &name, &q)?;
+                Ok(Ok(()))
+            })
         })
         .await;
     r?
@@ -185,15 +204,18 @@ pub async fn create_project(
 pub async fn set_quota(db: &Db, name: &str, q: Quota) -> Result<(), IamError> {
     validate_quota(&q)?;
     let name = name.to_string();
-    let r: Result<Result<(), IamError>, crate::db::DbError> = db
+    let r: Result<Result<(), IamError>, DbError> = db
         .run(move |conn| {
-            let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
-            if let Err(e) = check_delegation(&tx, &name, &q) {
-                return Ok(Err(e));
-            }
-            write_quota(&tx, &name, &q)?;
-            tx.commit()?;
-            Ok(Ok(()))
+            retrying(conn, |tx| {
+                if let Err(e) = check_delegation(tx, &name, &q) {
+                    return match e {
+                        IamError::Db(e) => Err(e),
+                        e => Ok(Err(e)),
+                    };
+                }
+                write_quota(tx, &name, &q)?;
+                Ok(Ok(()))
+            })
         })
         .await;
     r?
@@ -202,30 +224,29 @@ pub async fn set_quota(db: &Db, name: &str, q: Quota) -> Result<(), IamError> {
 pub async fn list_projects(db: &Db) -> Result<ProjectList, IamError> {
     let projects = db
         .run(|conn| {
-            let mut stmt = conn.prepare(
+            let mut tx = conn.begin(false)?;
+            let rows = tx.query(
                 "SELECT p.id, p.parent_id, q.max_sandboxes, q.max_cpu_milli, q.max_memory_mb,
                         q.max_creates_per_s, COALESCE(q.used_sandboxes, 0),
                         COALESCE(q.used_cpu_milli, 0), COALESCE(q.used_memory_mb, 0)
                  FROM projects p LEFT JOIN quotas q ON q.project_id = p.id ORDER BY p.id",
+                &[],
             )?;
-            let rows = stmt.query_map([], |r| {
-                Ok(ProjectView {
-                    name: r.get(0)?,
-                    parent: r.get(1)?,
-                    quota: Quota {
-                        max_sandboxes: r.get::<_, Option<i64>>(2)?.map(|v| v.max(0) as u64),
-                        max_cpu_cores: r.get::<_, Option<i64>>(3)?.map(|v| v as f64 / 1000.0),
-                        max_memory_mb: r.get::<_, Option<i64>>(4)?.map(|v| v.max(0) as u64),
-                        max_creates_per_s: r.get::<_, Option<i64>>(5)?.map(|v| v.max(0) as u64),
-                    },
-                    usage: Usage {
-                        sandboxes: r.get::<_, i64>(6)?.max(0) as u64,
-                        cpu_cores: r.get::<_, i64>(7)? as f64 / 1000.0,
-                        memory_mb: r.get::<_, i64>(8)?.max(0) as u64,
-                    },
+            tx.commit()?;
+            rows.iter()
+                .map(|r| {
+                    Ok(ProjectView {
+                        name: r.str(0)?,
+                        parent: r.opt_str(1)?,
+                        quota: quota_from(r, 2)?,
+                        usage: Usage {
+                            sandboxes: r.i64(6)?.max(0) as u64,
+                            cpu_cores: r.i64(7)? as f64 / 1000.0,
+                            memory_mb: r.i64(8)?.max(0) as u64,
+                        },
+                    })
                 })
-            })?;
-            Ok(rows.collect::<Result<Vec<_>, _>>()?)
+                .collect::<Result<Vec<_>, DbError>>()
         })
         .await?;
     Ok(ProjectList { projects })
@@ -253,56 +274,56 @@ pub async fn create_key(
         return Err(IamError::Invalid("kind must be `user` or `admin`".into()));
     }
     let (principal, project) = (principal.to_string(), project.map(str::to_string));
-    let r: Result<Result<CreatedKey, IamError>, crate::db::DbError> = db
+    let r: Result<Result<CreatedKey, IamError>, DbError> = db
         .run(move |conn| {
-            let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
-            let existing: Option<(String, String, Option<String>)> = tx
-                .query_row(
+            retrying(conn, |tx| {
+                let existing = tx.query_opt(
                     "SELECT p.id, p.kind, pp.project_id FROM principals p
-                     LEFT JOIN principal_projects pp ON pp.principal_id = p.id WHERE p.name = ?1",
-                    [&principal],
-                    |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)),
-                )
-                .optional()?;
-            let (id, kind, home) = match existing {
-                Some((id, k, home)) => (id, k, home.unwrap_or_else(|| "default".into())),
-                None => {
-                    let home = project.clone().unwrap_or_else(|| "default".into());
-                    let ok = tx
-                        .query_row("SELECT 1 FROM projects WHERE id = ?1", [&home], |_| Ok(()))
-                        .optional()?
-                        .is_some();
-                    if !ok {
-                        return Ok(Err(IamError::NotFound(format!(
-                            "project {home:?} does not exist"
-                        ))));
+                     LEFT JOIN principal_projects pp ON pp.principal_id = p.id WHERE p.name = $1",
+                    p![&principal],
+                )?;
+                let (id, kind, home) = match existing {
+                    Some(r) => (
+                        r.str(0)?,
+                        r.str(1)?,
+                        r.opt_str(2)?.unwrap_or_else(|| "default".into()),
+                    ),
+                    None => {
+                        let home = project.clone().unwrap_or_else(|| "default".into());
+                        if tx
+                            .query_opt("SELECT 1 FROM projects WHERE id = $1", p![&home])?
+                            .is_none()
+                        {
+                            return Ok(Err(IamError::NotFound(format!(
+                                "project {home:?} does not exist"
+                            ))));
+                        }
+                        let id = format!("p-{}", hex::encode(rand::random::<[u8; 8]>()));
+                        tx.exec(
+                            "INSERT INTO principals (id, name, kind) VALUES ($1, $2, $3)",
+                            p![&id, &principal, &kind],
+                        )?;
+                        tx.exec(
+                            "INSERT INTO principal_projects (principal_id, project_id) VALUES ($1, $2)",
+                            p![&id, &home],
+                        )?;
+                        (id, kind.clone(), home)
                     }
-                    let id = format!("p-{}", hex::encode(rand::random::<[u8; 8]>()));
-                    tx.execute(
-                        "INSERT INTO principals (id, name, kind) VALUES (?1, ?2, ?3)",
-                        params![id, principal, kind],
-                    )?;
-                    tx.execute(
-                        "INSERT INTO principal_projects (principal_id, project_id) VALUES (?1, ?2)",
-                        params![id, home],
-                    )?;
-                    (id, kind, home)
-                }
-            };
-            let key = crate::auth::generate_key();
-            let hash = crate::auth::hash_key(&key);
-            tx.execute(
-                "INSERT INTO api_keys (key_hash, principal_id, created_at) VALUES (?1, ?2, strftime('%s','now'))",
-                params![hash, id],
-            )?;
-            tx.commit()?;
-            Ok(Ok(CreatedKey {
-                principal,
-                project: home,
-                kind,
-                key_id: hash[..16].to_string(),
-                key,
-            }))
+                };
+                let key = crate::auth::generate_key();
+                let hash = crate::auth::hash_key(&key);
+                tx.exec(
+                    "INSERT INTO api_keys (key_hash, principal_id, created_at) VALUES ($1, $2, $3)",
+                    p![&hash, &id, now_secs()],
+                )?;
+                Ok(Ok(CreatedKey {
+                    principal: principal.clone(),
+                    project: home,
+                    kind,
+                    key_id: hash[..16].to_string(),
+                    key,
+                }))
+            })
         })
         .await;
     r?
@@ -323,12 +344,14 @@ pub async fn revoke_key(db: &Db, key_or_id: &str) -> Result<(), IamError> {
     let n = db
         .run(move |conn| {
             let pattern = format!("{prefix}%");
-            let n = conn.execute(
-                "UPDATE api_keys SET revoked_at = strftime('%s','now')
-                 WHERE key_hash LIKE ?1 AND revoked_at IS NULL
-                 AND (SELECT COUNT(*) FROM api_keys WHERE key_hash LIKE ?1) = 1",
-                [pattern],
+            let mut tx = conn.begin(true)?;
+            let n = tx.exec(
+                "UPDATE api_keys SET revoked_at = $2
+                 WHERE key_hash LIKE $1 AND revoked_at IS NULL
+                 AND (SELECT COUNT(*) FROM api_keys WHERE key_hash LIKE $1) = 1",
+                p![pattern, now_secs()],
             )?;
+            tx.commit()?;
             Ok(n)
         })
         .await?;

@@ -2,18 +2,23 @@
 //! apiserver replicas.
 //!
 //! One writer thread per apiserver owns a connection to the shared database and applies
-//! operations in batches (group commit): each batch is one `BEGIN IMMEDIATE` transaction, which
-//! takes SQLite's write lock, so no other replica can change usage between a check and its
-//! increment. Within a batch the operations run in order, each seeing the previous ones.
-//! Callers get their answer only after the batch committed.
+//! operations in batches (group commit): each batch is one transaction. On SQLite it is
+//! `BEGIN IMMEDIATE`, which takes the write lock; on PostgreSQL every admission locks the quota
+//! rows of the project and all its ancestors with `SELECT ... FOR UPDATE` before checking them.
+//! Either way no other replica can change usage between a check and its increment. A batch
+//! that loses a race (PostgreSQL deadlock or serialization failure, a concurrent insert of the
+//! same idempotency key) is rolled back and run again. Within a batch the operations run in
+//! order, each seeing the previous ones. Callers get their answer only after the batch
+//! committed.
 
 use std::collections::HashSet;
-use std::path::Path;
 use std::sync::mpsc;
-use std::time::Duration;
 
-use rusqlite::{params, Connection, OptionalExtension, Transaction};
 use tokio::sync::oneshot;
+
+use crate::db::DbError;
+use crate::p;
+use crate::store::{Conn, Tx};
 
 use super::{cpu_milli, IamError};
 
@@ -90,20 +95,28 @@ fn gone() -> IamError {
 }
 
 impl Ledger {
-    /// Opens its own connection to the database at `path` and starts the writer thread.
-    pub fn open(path: &Path) -> Result<Ledger, IamError> {
-        let conn = Connection::open(path).map_err(|source| crate::db::DbError::Open {
-            path: path.display().to_string(),
-            source,
-        })?;
-        conn.pragma_update(None, "journal_mode", "WAL")?;
-        conn.pragma_update(None, "synchronous", "NORMAL")?;
-        conn.busy_timeout(Duration::from_secs(10))?;
+    /// Opens its own connection to the database `db` uses and starts the writer thread.
+    pub fn open(db: &crate::db::Db) -> Result<Ledger, IamError> {
+        let target = db.target().clone();
         let (tx, rx) = mpsc::channel();
+        let (ready_tx, ready_rx) = mpsc::channel();
+        // The connection is made on the writer thread: PostgreSQL's blocking client must not
+        // start inside the caller's async runtime.
         std::thread::Builder::new()
             .name("quota-ledger".into())
-            .spawn(move || writer(conn, rx))
-            .map_err(|e| IamError::Db(crate::db::DbError::Join(format!("start ledger: {e}"))))?;
+            .spawn(move || match target.connect() {
+                Ok(conn) => {
+                    let _ = ready_tx.send(Ok(()));
+                    writer(conn, rx)
+                }
+                Err(e) => {
+                    let _ = ready_tx.send(Err(e));
+                }
+            })
+            .map_err(|e| IamError::Db(DbError::Join(format!("start ledger: {e}"))))?;
+        ready_rx
+            .recv()
+            .map_err(|_| IamError::Db(DbError::Join("the quota ledger did not start".into())))??;
         Ok(Ledger { tx })
     }
 
@@ -153,18 +166,17 @@ impl Ledger {
     }
 }
 
-enum Reply {
-    Reserve(
-        oneshot::Sender<Result<Reserved, IamError>>,
-        Result<Reserved, IamError>,
-    ),
-    Count(
-        oneshot::Sender<Result<u64, IamError>>,
-        Result<u64, IamError>,
-    ),
+/// The answer an operation gets once its batch committed.
+enum Answer {
+    None,
+    Reserve(Result<Reserved, IamError>),
+    Count(u64),
 }
 
-fn writer(mut conn: Connection, rx: mpsc::Receiver<Op>) {
+/// Largest number of times a batch is run again after losing a race.
+const MAX_RETRIES: u32 = 20;
+
+fn writer(mut conn: Conn, rx: mpsc::Receiver<Op>) {
     while let Ok(first) = rx.recv() {
         let mut batch = vec![first];
         while batch.len() < MAX_BATCH {
@@ -173,34 +185,46 @@ fn writer(mut conn: Connection, rx: mpsc::Receiver<Op>) {
                 Err(_) => break,
             }
         }
-        let mut replies = Vec::with_capacity(batch.len());
-        let result = apply_batch(&mut conn, batch, &mut replies);
+        let mut attempt = 0;
+        let result = loop {
+            match apply_batch(&mut conn, &batch) {
+                Err(e) if e.is_retryable() && attempt < MAX_RETRIES => {
+                    attempt += 1;
+                    tracing::debug!(error = %e, attempt, "quota ledger batch lost a race; again");
+                    // Back off a little (jittered) so racing replicas interleave.
+                    let ms = rand::random::<u64>() % (2 << attempt.min(5));
+                    std::thread::sleep(std::time::Duration::from_millis(ms));
+                }
+                r => break r,
+            }
+        };
         match result {
-            Ok(()) => {
-                for r in replies {
-                    match r {
-                        Reply::Reserve(tx, v) => {
+            Ok(answers) => {
+                for (op, a) in batch.into_iter().zip(answers) {
+                    match (op, a) {
+                        (Op::Reserve(_, tx), Answer::Reserve(v)) => {
                             let _ = tx.send(v);
                         }
-                        Reply::Count(tx, v) => {
-                            let _ = tx.send(v);
+                        (Op::Reconcile { reply, .. }, Answer::Count(n)) => {
+                            let _ = reply.send(Ok(n));
                         }
+                        _ => {}
                     }
                 }
             }
             Err(e) => {
                 tracing::error!(error = %e, "quota ledger transaction failed");
                 let msg = e.to_string();
-                for r in replies {
-                    let err =
-                        || IamError::Db(crate::db::DbError::Join(format!("quota ledger: {msg}")));
-                    match r {
-                        Reply::Reserve(tx, _) => {
+                let err = || IamError::Db(DbError::Join(format!("quota ledger: {msg}")));
+                for op in batch {
+                    match op {
+                        Op::Reserve(_, tx) => {
                             let _ = tx.send(Err(err()));
                         }
-                        Reply::Count(tx, _) => {
-                            let _ = tx.send(Err(err()));
+                        Op::Reconcile { reply, .. } => {
+                            let _ = reply.send(Err(err()));
                         }
+                        _ => {}
                     }
                 }
             }
@@ -208,83 +232,65 @@ fn writer(mut conn: Connection, rx: mpsc::Receiver<Op>) {
     }
 }
 
-fn apply_batch(
-    conn: &mut Connection,
-    batch: Vec<Op>,
-    replies: &mut Vec<Reply>,
-) -> Result<(), rusqlite::Error> {
-    let tx = conn.transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)?;
+/// Runs every operation of the batch in one transaction; one answer per operation.
+fn apply_batch(conn: &mut Conn, batch: &[Op]) -> Result<Vec<Answer>, DbError> {
+    let mut tx = conn.begin(true)?;
     let now = now_ms();
+    let mut answers = Vec::with_capacity(batch.len());
     for op in batch {
-        match op {
-            Op::Reserve(r, reply) => {
-                let v = reserve(&tx, &r, now);
-                // SQL errors abort the whole batch; refusals are per reservation.
-                let v = match v {
-                    Err(IamError::Db(crate::db::DbError::Sql(e))) => {
-                        replies.push(Reply::Reserve(
-                            reply,
-                            Err(IamError::Conflict(String::new())),
-                        ));
-                        return Err(e);
-                    }
-                    v => v,
-                };
-                replies.push(Reply::Reserve(reply, v));
-            }
+        answers.push(match op {
+            Op::Reserve(r, _) => match reserve(&mut tx, r, now) {
+                // Database errors abort the whole batch; refusals are per reservation.
+                Err(IamError::Db(e)) => return Err(e),
+                v => Answer::Reserve(v),
+            },
             Op::Bind {
                 res_id,
                 sandbox_id,
                 node,
             } => {
-                tx.execute(
-                    "UPDATE allocations SET sandbox_id = ?2, node = ?3 WHERE res_id = ?1",
-                    params![res_id, sandbox_id, node],
+                tx.exec(
+                    "UPDATE allocations SET sandbox_id = $2, node = $3 WHERE res_id = $1",
+                    p![res_id, sandbox_id, node],
                 )?;
+                Answer::None
             }
             Op::ReleaseReservation(res_id) => {
-                release_where(&tx, "res_id", &res_id)?;
+                release_where(&mut tx, "res_id", res_id)?;
+                Answer::None
             }
             Op::ReleaseSandbox(id) => {
-                release_where(&tx, "sandbox_id", &id)?;
+                release_where(&mut tx, "sandbox_id", id)?;
+                Answer::None
             }
             Op::Reconcile {
                 edges,
                 before_ms,
                 pending_before_ms,
-                reply,
-            } => {
-                let v = reconcile(&tx, &edges, before_ms, pending_before_ms, now);
-                match v {
-                    Ok(n) => replies.push(Reply::Count(reply, Ok(n))),
-                    Err(e) => {
-                        replies.push(Reply::Count(reply, Ok(0)));
-                        return Err(e);
-                    }
-                }
-            }
-        }
+                ..
+            } => Answer::Count(reconcile(&mut tx, edges, *before_ms, *pending_before_ms)?),
+        });
     }
-    tx.commit()
+    tx.commit()?;
+    Ok(answers)
 }
 
 /// The project and its ancestors, nearest first.
-fn chain(tx: &Transaction<'_>, project: &str) -> Result<Vec<String>, IamError> {
-    let mut out = Vec::new();
+fn chain(tx: &mut Tx<'_>, project: &str) -> Result<Vec<String>, IamError> {
+    let mut out: Vec<String> = Vec::new();
     let mut cur = Some(project.to_string());
-    let mut stmt = tx.prepare_cached("SELECT parent_id FROM projects WHERE id = ?1")?;
     while let Some(p) = cur {
         if out.contains(&p) || out.len() > 64 {
             return Err(IamError::Invalid(format!("project tree loops at {p:?}")));
         }
-        let parent: Option<Option<String>> = stmt.query_row([&p], |r| r.get(0)).optional()?;
-        let Some(parent) = parent else {
+        let Some(row) = tx.query_opt("SELECT parent_id FROM projects WHERE id = $1", p![&p])?
+        else {
             return Err(IamError::NotFound(format!(
                 "project {p:?} does not exist; see `dsec project ls`"
             )));
         };
+        cur = row.opt_str(0)?;
         out.push(p);
-        cur = parent;
     }
     Ok(out)
 }
@@ -301,41 +307,33 @@ struct Row {
     rate_count: i64,
 }
 
-fn quota_row(tx: &Transaction<'_>, project: &str) -> Result<Row, rusqlite::Error> {
-    let mut stmt = tx.prepare_cached(
+/// Reads (and on PostgreSQL locks until commit) the quota row of `project`.
+fn quota_row(tx: &mut Tx<'_>, project: &str) -> Result<Row, IamError> {
+    let sql = format!(
         "SELECT max_sandboxes, max_cpu_milli, max_memory_mb, max_creates_per_s,
                 used_sandboxes, used_cpu_milli, used_memory_mb, rate_sec, rate_count
-         FROM quotas WHERE project_id = ?1",
-    )?;
-    stmt.query_row([project], |r| {
-        Ok(Row {
-            max_sandboxes: r.get(0)?,
-            max_cpu_milli: r.get(1)?,
-            max_memory_mb: r.get(2)?,
-            max_rate: r.get(3)?,
-            used_sandboxes: r.get(4)?,
-            used_cpu_milli: r.get(5)?,
-            used_memory_mb: r.get(6)?,
-            rate_sec: r.get(7)?,
-            rate_count: r.get(8)?,
-        })
+         FROM quotas WHERE project_id = $1{}",
+        tx.for_update()
+    );
+    let Some(r) = tx.query_opt(&sql, p![project])? else {
+        return Err(IamError::NotFound(format!(
+            "project {project:?} has no quota row"
+        )));
+    };
+    Ok(Row {
+        max_sandboxes: r.opt_i64(0)?,
+        max_cpu_milli: r.opt_i64(1)?,
+        max_memory_mb: r.opt_i64(2)?,
+        max_rate: r.opt_i64(3)?,
+        used_sandboxes: r.i64(4)?,
+        used_cpu_milli: r.i64(5)?,
+        used_memory_mb: r.i64(6)?,
+        rate_sec: r.i64(7)?,
+        rate_count: r.i64(8)?,
     })
 }
 
-fn reserve(tx: &Transaction<'_>, r: &Reservation, now: i64) -> Result<Reserved, IamError> {
-    if let Some(key) = &r.idempotency_key {
-        let mut stmt = tx.prepare_cached(
-            "SELECT sandbox_id FROM allocations WHERE project_id = ?1 AND idem_key = ?2",
-        )?;
-        let hit: Option<Option<String>> = stmt
-            .query_row(params![r.project, key], |row| row.get(0))
-            .optional()?;
-        match hit {
-            Some(Some(id)) => return Ok(Reserved::Existing { sandbox_id: id }),
-            Some(None) => return Ok(Reserved::InFlight),
-            None => {}
-        }
-    }
+fn reserve(tx: &mut Tx<'_>, r: &Reservation, now: i64) -> Result<Reserved, IamError> {
     let chain = chain(tx, &r.project)?;
     if let Some(home) = &r.home {
         if !chain.contains(home) {
@@ -345,13 +343,34 @@ fn reserve(tx: &Transaction<'_>, r: &Reservation, now: i64) -> Result<Reserved, 
             )));
         }
     }
+    // Lock the chain root first (every chain ends at `root`, so all lockers take rows in the
+    // same order), then read usage: a concurrent admission on another replica waits here and
+    // sees this one's increment once it commits.
+    let mut rows = Vec::with_capacity(chain.len());
+    for p in chain.iter().rev() {
+        rows.push((p, quota_row(tx, p)?));
+    }
+    rows.reverse();
+    // The idempotency key is checked under the locks, so a retry racing its original on
+    // another replica sees the original's allocation.
+    if let Some(key) = &r.idempotency_key {
+        let hit = tx.query_opt(
+            "SELECT sandbox_id FROM allocations WHERE project_id = $1 AND idem_key = $2",
+            p![&r.project, key],
+        )?;
+        if let Some(row) = hit {
+            return Ok(match row.opt_str(0)? {
+                Some(id) => Reserved::Existing { sandbox_id: id },
+                None => Reserved::InFlight,
+            });
+        }
+    }
     let cpu = cpu_milli(r.cpu_cores);
     let mem = r.memory_mb as i64;
     let sec = now / 1000;
-    let mut rows = Vec::with_capacity(chain.len());
-    for p in &chain {
-        let q = quota_row(tx, p)?;
-        let whose = if p == &r.project {
+    let mut counts = Vec::with_capacity(rows.len());
+    for (p, q) in &rows {
+        let whose = if *p == &r.project {
             format!("project {p:?}")
         } else {
             format!("project {:?} (through its parent {p:?})", r.project)
@@ -389,107 +408,100 @@ fn reserve(tx: &Transaction<'_>, r: &Reservation, now: i64) -> Result<Reserved, 
                 )));
             }
         }
-        rows.push((p, count));
+        counts.push((*p, count));
     }
-    let mut up = tx.prepare_cached(
-        "UPDATE quotas SET used_sandboxes = used_sandboxes + 1, used_cpu_milli = used_cpu_milli + ?2,
-             used_memory_mb = used_memory_mb + ?3, rate_sec = ?4, rate_count = ?5
-         WHERE project_id = ?1",
-    )?;
-    for (p, count) in rows {
-        up.execute(params![p, cpu, mem, sec, count + 1])?;
+    for (p, count) in counts {
+        tx.exec(
+            "UPDATE quotas SET used_sandboxes = used_sandboxes + 1,
+                 used_cpu_milli = used_cpu_milli + $2, used_memory_mb = used_memory_mb + $3,
+                 rate_sec = $4, rate_count = $5
+             WHERE project_id = $1",
+            p![p, cpu, mem, sec, count + 1],
+        )?;
     }
-    tx.prepare_cached(
+    tx.exec(
         "INSERT INTO allocations (res_id, project_id, cpu_milli, memory_mb, created_ms, idem_key)
-         VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
-    )?
-    .execute(params![
-        r.res_id,
-        r.project,
-        cpu,
-        mem,
-        now,
-        r.idempotency_key
-    ])?;
+         VALUES ($1, $2, $3, $4, $5, $6)",
+        p![
+            &r.res_id,
+            &r.project,
+            cpu,
+            mem,
+            now,
+            r.idempotency_key.as_ref()
+        ],
+    )?;
     Ok(Reserved::New)
 }
 
 /// Deletes the allocation where `column = value` and gives its usage back up the tree.
-fn release_where(tx: &Transaction<'_>, column: &str, value: &str) -> Result<bool, rusqlite::Error> {
+fn release_where(tx: &mut Tx<'_>, column: &str, value: &str) -> Result<bool, DbError> {
     let sql = format!(
-        "DELETE FROM allocations WHERE {column} = ?1 RETURNING project_id, cpu_milli, memory_mb"
+        "DELETE FROM allocations WHERE {column} = $1 RETURNING project_id, cpu_milli, memory_mb"
     );
-    let row: Option<(String, i64, i64)> = tx
-        .prepare_cached(&sql)?
-        .query_row([value], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)))
-        .optional()?;
-    let Some((project, cpu, mem)) = row else {
+    let Some(row) = tx.query_opt(&sql, p![value])? else {
         return Ok(false);
     };
+    let (project, cpu, mem) = (row.str(0)?, row.i64(1)?, row.i64(2)?);
     let chain = match chain(tx, &project) {
         Ok(c) => c,
-        Err(IamError::Db(crate::db::DbError::Sql(e))) => return Err(e),
+        Err(IamError::Db(e)) => return Err(e),
         Err(e) => {
             tracing::error!(project = %project, error = %e, "release: project chain");
             vec![project]
         }
     };
-    let mut down = tx.prepare_cached(
-        "UPDATE quotas SET used_sandboxes = MAX(used_sandboxes - 1, 0),
-             used_cpu_milli = MAX(used_cpu_milli - ?2, 0), used_memory_mb = MAX(used_memory_mb - ?3, 0)
-         WHERE project_id = ?1",
-    )?;
-    for p in chain {
-        down.execute(params![p, cpu, mem])?;
+    // Root first, the same lock order as admissions.
+    for p in chain.iter().rev() {
+        tx.exec(
+            "UPDATE quotas SET
+                 used_sandboxes = CASE WHEN used_sandboxes > 1 THEN used_sandboxes - 1 ELSE 0 END,
+                 used_cpu_milli = CASE WHEN used_cpu_milli > $2 THEN used_cpu_milli - $2 ELSE 0 END,
+                 used_memory_mb = CASE WHEN used_memory_mb > $3 THEN used_memory_mb - $3 ELSE 0 END
+             WHERE project_id = $1",
+            p![p, cpu, mem],
+        )?;
     }
     Ok(true)
 }
 
 fn reconcile(
-    tx: &Transaction<'_>,
+    tx: &mut Tx<'_>,
     edges: &[EdgeLive],
     before_ms: i64,
     pending_before_ms: i64,
-    _now: i64,
-) -> Result<u64, rusqlite::Error> {
+) -> Result<u64, DbError> {
     let mut changed = 0u64;
     for e in edges {
         let live: HashSet<&str> = e.sandboxes.iter().map(|(id, _)| id.as_str()).collect();
         // Reservations whose create succeeded but whose bind was lost.
         for (id, res) in &e.sandboxes {
             if let Some(res) = res {
-                let n = tx
-                    .prepare_cached(
-                        "UPDATE allocations SET sandbox_id = ?2, node = ?3
-                         WHERE res_id = ?1 AND sandbox_id IS NULL",
-                    )?
-                    .execute(params![res, id, e.node])?;
-                changed += n as u64;
+                changed += tx.exec(
+                    "UPDATE allocations SET sandbox_id = $2, node = $3
+                     WHERE res_id = $1 AND sandbox_id IS NULL",
+                    p![res, id, &e.node],
+                )?;
             }
         }
-        let ids: Vec<String> = {
-            let mut stmt = tx.prepare_cached(
-                "SELECT sandbox_id FROM allocations WHERE node = ?1 AND created_ms < ?2
-                 AND sandbox_id IS NOT NULL",
-            )?;
-            let rows = stmt.query_map(params![e.node, before_ms], |r| r.get::<_, String>(0))?;
-            rows.collect::<Result<_, _>>()?
-        };
-        for id in ids.iter().filter(|id| !live.contains(id.as_str())) {
-            if release_where(tx, "sandbox_id", id)? {
+        let ids = tx.query(
+            "SELECT sandbox_id FROM allocations WHERE node = $1 AND created_ms < $2
+             AND sandbox_id IS NOT NULL",
+            p![&e.node, before_ms],
+        )?;
+        for row in ids {
+            let id = row.str(0)?;
+            if !live.contains(id.as_str()) && release_where(tx, "sandbox_id", &id)? {
                 changed += 1;
             }
         }
     }
-    let pending: Vec<String> = {
-        let mut stmt = tx.prepare_cached(
-            "SELECT res_id FROM allocations WHERE sandbox_id IS NULL AND created_ms < ?1",
-        )?;
-        let rows = stmt.query_map([pending_before_ms], |r| r.get::<_, String>(0))?;
-        rows.collect::<Result<_, _>>()?
-    };
-    for res in pending {
-        if release_where(tx, "res_id", &res)? {
+    let pending = tx.query(
+        "SELECT res_id FROM allocations WHERE sandbox_id IS NULL AND created_ms < $1",
+        p![pending_before_ms],
+    )?;
+    for row in pending {
+        if release_where(tx, "res_id", &row.str(0)?)? {
             changed += 1;
         }
     }
@@ -533,7 +545,7 @@ mod tests {
             .unwrap();
         // Above the parent's quota: refused.
         assert!(admin::set_quota(&db, "a", q(4)).await.is_err());
-        let l = Ledger::open(&path).unwrap();
+        let l = Ledger::open(&db).unwrap();
         let mut kept = Vec::new();
         for _ in 0..2 {
             let r = res("b", None);
@@ -559,7 +571,7 @@ mod tests {
         let db = crate::db::Db::open(&path).unwrap();
         db.bootstrap().unwrap();
         admin::create_project(&db, "x", None, None).await.unwrap();
-        let l = Ledger::open(&path).unwrap();
+        let l = Ledger::open(&db).unwrap();
         let r = res("x", Some("k1"));
         assert_eq!(l.reserve(r.clone()).await.unwrap(), Reserved::New);
         assert_eq!(

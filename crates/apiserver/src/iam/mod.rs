@@ -7,8 +7,10 @@
 //!   from its parent: it can never be set above the parent's, and a create is admitted only
 //!   when the project **and every ancestor** have room — so a child never exceeds what its
 //!   parent has left, whatever its siblings use.
-//! - Usage is kept in the database and changed only inside `BEGIN IMMEDIATE` transactions
-//!   ([`ledger`]), so any number of apiserver replicas sharing the database never over-admit.
+//! - Usage is kept in the database (SQLite or PostgreSQL, [`crate::store`]) and changed only
+//!   inside transactions that lock it (`BEGIN IMMEDIATE`, or `SELECT ... FOR UPDATE` on the
+//!   ancestor chain's quota rows; [`ledger`]), so any number of apiserver replicas sharing the
+//!   database never over-admit.
 
 pub mod admin;
 pub mod http;
@@ -110,6 +112,12 @@ pub enum IamError {
 impl From<rusqlite::Error> for IamError {
     fn from(e: rusqlite::Error) -> Self {
         IamError::Db(crate::db::DbError::Sql(e))
+    }
+}
+
+impl From<postgres::Error> for IamError {
+    fn from(e: postgres::Error) -> Self {
+        IamError::Db(crate::db::DbError::Pg(e))
     }
 }
 
