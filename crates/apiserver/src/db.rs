@@ -194,7 +194,7 @@ fn migrate(conn: &mut Conn) -> Result<(), DbError> {
     let mut tx = conn.begin(true)?;
     if pg {
         // CREATE TABLE IF NOT EXISTS is not safe against a concurrent twin: one at a time.
-        tx.query("SELECT pg_advisory_xact_lock(7480)", &[])?;
+        tx.exec("SELECT pg_advisory_xact_lock(7480)", &[])?;
     }
     for stmt in if pg { SCHEMA_PG } else { SCHEMA_SQLITE }.split(';') {
         if stmt
@@ -290,7 +290,7 @@ impl Db {
             let mut tx = conn.begin(true)?;
             if pg {
                 // Two replicas starting on an empty database: one bootstraps.
-                tx.query("SELECT pg_advisory_xact_lock(7481)", &[])?;
+                tx.exec("SELECT pg_advisory_xact_lock(7481)", &[])?;
             }
             let count = tx
                 .query_opt("SELECT COUNT(*) FROM principals", &[])?
