@@ -6,6 +6,9 @@ PKGS=(erofs-utils busybox-static debootstrap runc bubblewrap nftables iproute2 s
       libseccomp-dev python3 python3-pip python3-venv ca-certificates procps psmisc hyperfine
       sshfs openssh-server docker-registry skopeo)
 
+# Tests of the apiserver on PostgreSQL start a private server from these binaries.
+PKGS+=(postgresql)
+
 missing=()
 for p in "${PKGS[@]}"; do
     dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
