@@ -386,6 +386,10 @@ pub async fn apiserver(a: ApiserverArgs) -> anyhow::Result<()> {
         return Err(crate::UsageError("pass at least one --edge URL[#token]".into()).into());
     }
     let env_file: PathBuf = a.env_file.unwrap_or_else(|| {
+        // `--db postgres://…` names a server, not a file: keep the key in the default dir.
+        if dsec_apiserver::store::Target::is_url(&api.db_path.to_string_lossy()) {
+            return PathBuf::from("/var/lib/dsec/env");
+        }
         api.db_path
             .parent()
             .map(|p| p.join("env"))
