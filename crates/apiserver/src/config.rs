@@ -60,7 +60,8 @@ impl EdgeEndpoint {
 pub struct ApiConfig {
     /// Address the public API listens on.
     pub listen: SocketAddr,
-    /// SQLite database holding IAM (principals, API keys, projects).
+    /// IAM and quota store (principals, API keys, projects, quotas, usage, idempotency keys):
+    /// a SQLite path (or `sqlite:///path`), or a `postgres://user@host:port/db` URL.
     pub db_path: PathBuf,
     /// Edges to forward to.
     pub edges: Vec<EdgeEndpoint>,

@@ -260,6 +260,10 @@ impl Db {
                 .conn
                 .lock()
                 .map_err(|_| DbError::Join("IAM database lock poisoned".into()))?;
+            if guard.is_broken() {
+                tracing::warn!(db = %self.target.describe(), "IAM database connection lost; reconnecting");
+                *guard = self.target.connect()?;
+            }
             f(&mut guard)
         };
         match self.target {

@@ -1,9 +1,9 @@
 //! The apiserver: the public HTTP API of dsec.
 //!
-//! It authenticates every `/v1` call with an API key (IAM in SQLite), places new sandboxes on
-//! an edge, and forwards every later call to the edge named by the node id inside the sandbox
-//! id (no lookup table). It reaches edges over HTTP only, even when they run in the same
-//! process, streaming bodies both ways. A watcher polls every edge's status.
+//! It authenticates every `/v1` call with an API key (IAM in SQLite or PostgreSQL), places new
+//! sandboxes on an edge, and forwards every later call to the edge named by the node id inside
+//! the sandbox id (no lookup table). It reaches edges over HTTP only, even when they run in the
+//! same process, streaming bodies both ways. A watcher polls every edge's status.
 //!
 //! ```ignore
 //! let api = ApiServer::start(config).await?;

@@ -274,6 +274,14 @@ impl Conn {
         matches!(self, Conn::Postgres { .. })
     }
 
+    /// True when the server closed the connection (restart, network): open a new one.
+    pub fn is_broken(&self) -> bool {
+        match self {
+            Conn::Sqlite(_) => false,
+            Conn::Postgres { client, .. } => client.0.as_ref().is_none_or(|c| c.is_closed()),
+        }
+    }
+
     /// Runs a batch of statements outside any transaction (schema set-up).
     pub fn batch(&mut self, sql: &str) -> Result<(), DbError> {
         match self {

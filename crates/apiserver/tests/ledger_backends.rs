@@ -362,3 +362,80 @@ async fn unreachable_postgres_is_a_clear_error() {
     assert!(e.contains("connect to IAM database"), "{e}");
     assert!(!e.contains("secret"), "{e}");
 }
+
+/// Admission throughput of the ledger on one backend: two replicas' ledgers, `conc` tasks each
+/// looping reserve → bind → release for `secs`; returns (admissions/s, p50 ms, p99 ms).
+async fn throughput(target: Target, conc: usize, secs: f64) -> (f64, f64, f64) {
+    let db = Db::connect(target).unwrap();
+    db.bootstrap().unwrap();
+    admin::create_project(&db, "bench", None, Some(quota(1_000_000)))
+        .await
+        .unwrap();
+    let ledgers = [Ledger::open(&db).unwrap(), Ledger::open(&db).unwrap()];
+    let start = Instant::now();
+    let deadline = start + Duration::from_secs_f64(secs);
+    let mut tasks = Vec::new();
+    for i in 0..conc {
+        let l = ledgers[i % 2].clone();
+        tasks.push(tokio::spawn(async move {
+            let mut lat = Vec::new();
+            let mut n = 0u64;
+            while Instant::now() < deadline {
+                let r = res("bench", None);
+                let id = r.res_id.clone();
+                let t = Instant::now();
+                assert_eq!(l.reserve(r).await.unwrap(), Reserved::New);
+                lat.push(t.elapsed().as_secs_f64() * 1000.0);
+                n += 1;
+                let sb = format!("sb-n{}-{:016x}", i % 8, rand::random::<u64>());
+                l.bind(&id, &sb, &format!("n{}", i % 8));
+                l.release_sandbox(&sb);
+            }
+            (n, lat)
+        }));
+    }
+    let mut all = Vec::new();
+    let mut total = 0;
+    for t in tasks {
+        let (n, lat) = t.await.unwrap();
+        total += n;
+        all.extend(lat);
+    }
+    let elapsed = start.elapsed().as_secs_f64();
+    all.sort_by(|a, b| a.total_cmp(b));
+    let pct = |p: f64| all[((all.len() as f64 * p) as usize).min(all.len() - 1)];
+    (total as f64 / elapsed, pct(0.5), pct(0.99))
+}
+
+/// `cargo test --release -p dsec-apiserver --test ledger_backends -- --ignored --nocapture`
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "benchmark"]
+async fn bench_ledger_backends() {
+    let secs: f64 = std::env::var("LEDGER_BENCH_SECS")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(5.0);
+    let dir = tempfile::tempdir().unwrap();
+    let pg = PgServer::start();
+    if let Err(why) = &pg {
+        eprintln!("SKIP postgres half: {why}");
+    }
+    for conc in [64usize, 512] {
+        let (rate, p50, p99) = throughput(
+            Target::Sqlite(dir.path().join(format!("b{conc}.db"))),
+            conc,
+            secs,
+        )
+        .await;
+        println!(
+            "sqlite   conc={conc:4}: {rate:8.0} admissions/s  p50 {p50:6.2} ms  p99 {p99:6.2} ms"
+        );
+        if let Ok(pg) = &pg {
+            let url = pg.create_db(&format!("bench{conc}"));
+            let (rate, p50, p99) = throughput(Target::parse(&url), conc, secs).await;
+            println!(
+                "postgres conc={conc:4}: {rate:8.0} admissions/s  p50 {p50:6.2} ms  p99 {p99:6.2} ms"
+            );
+        }
+    }
+}

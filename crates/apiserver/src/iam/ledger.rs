@@ -107,7 +107,7 @@ impl Ledger {
             .spawn(move || match target.connect() {
                 Ok(conn) => {
                     let _ = ready_tx.send(Ok(()));
-                    writer(conn, rx)
+                    writer(conn, &target, rx)
                 }
                 Err(e) => {
                     let _ = ready_tx.send(Err(e));
@@ -176,7 +176,7 @@ enum Answer {
 /// Largest number of times a batch is run again after losing a race.
 const MAX_RETRIES: u32 = 20;
 
-fn writer(mut conn: Conn, rx: mpsc::Receiver<Op>) {
+fn writer(mut conn: Conn, target: &crate::store::Target, rx: mpsc::Receiver<Op>) {
     while let Ok(first) = rx.recv() {
         let mut batch = vec![first];
         while batch.len() < MAX_BATCH {
@@ -187,6 +187,13 @@ fn writer(mut conn: Conn, rx: mpsc::Receiver<Op>) {
         }
         let mut attempt = 0;
         let result = loop {
+            if conn.is_broken() {
+                tracing::warn!(db = %target.describe(), "quota ledger connection lost; reconnecting");
+                match target.connect() {
+                    Ok(c) => conn = c,
+                    Err(e) => break Err(e),
+                }
+            }
             match apply_batch(&mut conn, &batch) {
                 Err(e) if e.is_retryable() && attempt < MAX_RETRIES => {
                     attempt += 1;
