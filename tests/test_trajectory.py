@@ -419,3 +419,27 @@ def test_edge_kill9_during_heavy_writes_log_reopens(dsec_bin, tmp_path):
         force_cleanup(data, "/tc/")
         remove_data_dir(data)
 
+
+
+def test_state_changes_are_logged_with_their_origin(client):
+    """Pause, resume (explicit and transparent) and network-rule changes are trajectory entries,
+    in order, between the calls around them."""
+    sb = make_sandbox(client)
+    try:
+        sb.run_shell("echo before")
+        sb.pause()
+        sb.run_shell("echo after")  # resumes the sandbox transparently first
+        sb.pause()
+        sb.resume()
+        kinds = [r["kind"] for r in sb.trajectory()]
+        assert kinds[0] == "create", kinds
+        tail = [k for k in kinds if k in ("shell", "pause", "resume")]
+        assert tail == ["shell", "pause", "resume", "shell", "pause", "resume"], kinds
+        seqs = [r["seq"] for r in sb.trajectory()]
+        assert seqs == sorted(seqs) and len(set(seqs)) == len(seqs), seqs
+        pause = [r for r in sb.trajectory(kind="pause")][0]
+        assert pause["ok"] is True and "memory_before_bytes" in json.dumps(pause["result"]), pause
+    finally:
+        stop_quietly(sb)
+    kinds = [r["kind"] for r in sb.trajectory()]
+    assert kinds[-1] == "stop", kinds
