@@ -1,11 +1,14 @@
 """Cluster (issue 5): 3 real edges (separate processes, data dirs and loopback ports) and 2
-apiserver replicas sharing one IAM database; plus simulated edges (test/benchmark mode) for
-overflow and the 32,000-create burst."""
+apiserver replicas sharing one IAM database -- SQLite (a shared file) and PostgreSQL (a private
+cluster started for the module on a free loopback port) alike; plus simulated edges
+(test/benchmark mode) for overflow and the 32,000-create burst."""
 
 from __future__ import annotations
 
+import glob
 import json
 import os
+import pwd
 import shutil
 import signal
 import subprocess
@@ -93,6 +96,118 @@ def apiserver(dsec: str, db: str, env_file: str, edges: List[str], *extra: str) 
 
 
 # ---------------------------------------------------------------------------------------------
+# a private PostgreSQL cluster (initdb + pg_ctl as the `postgres` user, in a temp dir)
+
+
+def pg_bindir() -> Optional[str]:
+    """Directory of Debian's postgres server binaries (initdb, pg_ctl, postgres), if installed."""
+    for d in [os.environ.get("DSEC_PG_BINDIR", "")] + sorted(glob.glob("/usr/lib/postgresql/*/bin"), reverse=True):
+        if d and all(os.access(os.path.join(d, b), os.X_OK) for b in ("initdb", "pg_ctl", "postgres", "psql")):
+            return d
+    return None
+
+
+class PgCluster:
+    """A throwaway PostgreSQL server on 127.0.0.1:<free port>, trust auth for user `dsec`.
+    Stopped by the postmaster's PID and removed afterwards."""
+
+    def __init__(self, bindir: str):
+        self.bindir = bindir
+        self.dir = tempfile.mkdtemp(prefix="dsec-pg-")
+        self.data = os.path.join(self.dir, "data")
+        self.port = free_port()
+        self.pid: Optional[int] = None
+        pw = pwd.getpwnam("postgres")
+        os.chown(self.dir, pw.pw_uid, pw.pw_gid)
+
+    def _as_postgres(self, *argv: str) -> subprocess.CompletedProcess:
+        return subprocess.run(["runuser", "-u", "postgres", "--", *argv], capture_output=True, text=True,
+                              timeout=120, cwd=self.dir)
+
+    def start(self) -> "PgCluster":
+        r = self._as_postgres(os.path.join(self.bindir, "initdb"), "-D", self.data, "-U", "dsec",
+                              "--auth=trust", "-E", "UTF8", "--no-sync")
+        if r.returncode != 0:
+            raise RuntimeError(f"initdb failed: {r.stderr[-2000:]}")
+        opts = (f"-p {self.port} -k {self.dir} -c listen_addresses=127.0.0.1 -c fsync=off "
+                "-c synchronous_commit=off -c max_connections=200")
+        r = self._as_postgres(os.path.join(self.bindir, "pg_ctl"), "-D", self.data, "-l",
+                              os.path.join(self.dir, "log"), "-o", opts, "-w", "-t", "60", "start")
+        if r.returncode != 0:
+            raise RuntimeError(f"pg_ctl start failed: {r.stderr[-2000:]} (log: {self.dir}/log)")
+        with open(os.path.join(self.data, "postmaster.pid")) as f:
+            self.pid = int(f.readline().strip())
+        return self
+
+    def create_db(self, name: str) -> str:
+        """A fresh database; its URL."""
+        r = subprocess.run([os.path.join(self.bindir, "psql"), "-h", "127.0.0.1", "-p", str(self.port),
+                            "-U", "dsec", "-d", "postgres", "-v", "ON_ERROR_STOP=1",
+                            "-c", f'CREATE DATABASE "{name}"'], capture_output=True, text=True, timeout=60)
+        assert r.returncode == 0, r.stderr
+        return f"postgres://dsec@127.0.0.1:{self.port}/{name}"
+
+    def query(self, url: str, sql: str) -> str:
+        """The single value `sql` returns on the database at `url`."""
+        r = subprocess.run([os.path.join(self.bindir, "psql"), url, "-tA", "-v", "ON_ERROR_STOP=1", "-c", sql],
+                           capture_output=True, text=True, timeout=60)
+        assert r.returncode == 0, r.stderr
+        return r.stdout.strip()
+
+    def stop(self) -> None:
+        if self.pid:
+            try:
+                os.kill(self.pid, signal.SIGINT)  # fast shutdown
+            except ProcessLookupError:
+                pass
+            deadline = time.time() + 30
+            while time.time() < deadline:
+                try:
+                    os.kill(self.pid, 0)
+                except ProcessLookupError:
+                    break
+                time.sleep(0.1)
+            else:
+                try:
+                    os.kill(self.pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+            self.pid = None
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+
+@pytest.fixture(scope="module")
+def pg_server():
+    bindir = pg_bindir()
+    if bindir is None:
+        pytest.skip("PostgreSQL server binaries absent (Debian's `postgresql`; scripts/install-deps.sh installs it)")
+    try:
+        pwd.getpwnam("postgres")
+    except KeyError:
+        pytest.skip("no `postgres` user to run the PostgreSQL server as")
+    pg = PgCluster(bindir)
+    try:
+        pg.start()
+    except (RuntimeError, subprocess.SubprocessError) as e:
+        pg.stop()
+        pytest.fail(str(e), pytrace=False)
+    yield pg
+    pg.stop()
+
+
+BACKENDS = ["sqlite", "postgres"]
+
+
+def backend_db(request, backend: str, dir_: str, name: str) -> str:
+    """`--db` for a backend: a SQLite file in `dir_`, or a fresh database on the module's
+    private PostgreSQL server."""
+    if backend == "sqlite":
+        return os.path.join(dir_, f"{name}.db")
+    pg = request.getfixturevalue("pg_server")
+    return pg.create_db(f"{name}_{os.getpid()}_{int(time.time() * 1000) % 10**9}")
+
+
+# ---------------------------------------------------------------------------------------------
 # the real cluster: 3 edges + 2 apiservers
 
 
@@ -105,6 +220,7 @@ class Cluster:
         self.ports: Dict[str, int] = {}
         self.apis: List[Proc] = []
         self.node_ids = [f"c{os.getpid() % 100000}x{i}" for i in range(3)]
+        self.db = os.path.join(self.dir, "iam.db")
 
     def edge_argv(self, node: str) -> List[str]:
         return [self.dsec, "edge", "--listen", f"127.0.0.1:{self.ports[node]}",
@@ -122,29 +238,40 @@ class Cluster:
         return [f"http://127.0.0.1:{self.ports[n]}#{self.token}" for n in self.node_ids]
 
     def start_api(self, i: int) -> Proc:
-        return apiserver(self.dsec, os.path.join(self.dir, "iam.db"),
-                         os.path.join(self.dir, f"env{i}"), self.edge_specs())
+        return apiserver(self.dsec, self.db, os.path.join(self.dir, f"env{i}-{self.backend}"),
+                         self.edge_specs())
 
     def start(self) -> None:
         for n in self.node_ids:
             self.ports[n] = free_port()
             self.start_edge(n)
+
+    def start_apis(self, backend: str, db: str) -> None:
+        """(Re)starts both apiserver replicas on a fresh IAM database of `backend`."""
+        self.stop_apis()
+        self.backend, self.db = backend, db
         self.apis = [self.start_api(0), self.start_api(1)]
+
+    def stop_apis(self) -> None:
+        for a in self.apis:
+            a.kill(signal.SIGTERM)
+        self.apis = []
 
     def api(self, i: int) -> Tuple[str, str]:
         return self.apis[i].first("DSEC_API_URL"), self.apis[i].first("DSEC_API_KEY")
 
     def stop(self) -> None:
-        for a in self.apis:
-            a.kill(signal.SIGTERM)
+        self.stop_apis()
         for e in self.edges.values():
             e.kill(signal.SIGTERM)
         shutil.rmtree(self.dir, ignore_errors=True)
 
 
 @pytest.fixture(scope="module")
-def cluster(dsec_bin):
+def edges3(dsec_bin):
+    """The 3 real edges, shared by both backends' apiserver pairs."""
     c = Cluster(dsec_bin)
+    c.backend = "sqlite"
     try:
         c.start()
     except RuntimeError as e:
@@ -152,6 +279,23 @@ def cluster(dsec_bin):
         pytest.fail(str(e), pytrace=False)
     yield c
     c.stop()
+
+
+@pytest.fixture(scope="module", params=BACKENDS)
+def cluster(request, edges3):
+    """2 apiserver replicas sharing one IAM database of each backend, over the same 3 edges."""
+    db = backend_db(request, request.param, edges3.dir, "iam")
+    try:
+        edges3.start_apis(request.param, db)
+    except RuntimeError as e:
+        edges3.stop_apis()
+        pytest.fail(str(e), pytrace=False)
+    if request.param == "postgres":
+        # Both replicas really share the PostgreSQL database: one bootstrap, one admin.
+        pg = request.getfixturevalue("pg_server")
+        assert pg.query(db, "SELECT COUNT(*) FROM principals") == "1"
+    yield edges3
+    edges3.stop_apis()
 
 
 def create(url: str, key: str, **kw) -> Tuple[int, dict, dict]:
@@ -197,7 +341,7 @@ def test_idempotent_create_across_replicas(cluster):
 
 def test_quotas_hold_across_replicas_under_concurrent_creates(cluster):
     (u0, k0), (u1, k1) = cluster.api(0), cluster.api(1)
-    proj = f"q{os.getpid()}"
+    proj = f"q{os.getpid()}-{cluster.backend[:2]}"
     st, body, _ = call("POST", f"{u0}/v1/projects", k0, {"name": proj, "quota": {"max_sandboxes": 4}})
     assert st == 201, body
     # Delegation: a child may not be given more than its parent has.
@@ -329,12 +473,14 @@ def test_overflow_kicks_in_above_threshold(dsec_bin):
         shutil.rmtree(d, ignore_errors=True)
 
 
-def test_burst_of_32000_creates_none_lost_or_duplicated(dsec_bin):
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_burst_of_32000_creates_none_lost_or_duplicated(dsec_bin, request, backend):
     d = tempfile.mkdtemp(prefix="dsec-burst-")
     edges = sim_edges(dsec_bin, 8, 3000)  # room for 24,000: the rest must be refused clearly
     api = None
     try:
-        api = apiserver(dsec_bin, os.path.join(d, "iam.db"), os.path.join(d, "env"), specs(edges))
+        db = backend_db(request, backend, d, "burst")
+        api = apiserver(dsec_bin, db, os.path.join(d, "env"), specs(edges))
         u, k = api.first("DSEC_API_URL"), api.first("DSEC_API_KEY")
         out = subprocess.run([dsec_bin, "bench", "create-load", "--total", "32000", "--concurrency", "256",
                               "--idempotency-prefix", f"burst{os.getpid()}"],
@@ -352,6 +498,10 @@ def test_burst_of_32000_creates_none_lost_or_duplicated(dsec_bin):
         st, plist, _ = call("GET", f"{u}/v1/projects", k)
         usage = {p["name"]: p["usage"]["sandboxes"] for p in plist["projects"]}
         assert usage["default"] == s["created"], usage
+        if backend == "postgres":
+            # The ledger really is in PostgreSQL: one allocation row per live sandbox.
+            pg = request.getfixturevalue("pg_server")
+            assert pg.query(db, "SELECT COUNT(*) FROM allocations WHERE sandbox_id IS NOT NULL") == str(s["created"])
     finally:
         if api:
             api.kill(signal.SIGTERM)
