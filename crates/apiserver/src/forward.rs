@@ -39,7 +39,12 @@ pub fn ws_url(base: &str, edge_path: &str) -> Option<String> {
 const REQUEST_HEADERS: &[HeaderName] =
     &[header::CONTENT_TYPE, header::CONTENT_LENGTH, header::ACCEPT];
 /// Response headers passed back to the caller.
-const RESPONSE_HEADERS: &[HeaderName] = &[header::CONTENT_TYPE, header::CONTENT_LENGTH];
+const RESPONSE_HEADERS: &[HeaderName] = &[
+    header::CONTENT_TYPE,
+    header::CONTENT_LENGTH,
+    // 429 answers (a full function-call queue) carry their retry hint through.
+    header::RETRY_AFTER,
+];
 
 fn is_dsec_header(name: &HeaderName) -> bool {
     name.as_str().starts_with("x-dsec-")

@@ -2,7 +2,7 @@
 //!
 //! No database: after a restart the view is rebuilt by polling again.
 
-use std::sync::{Arc, RwLock};
+use std::sync::{Arc, Mutex, RwLock};
 use std::time::{Duration, Instant};
 
 use dsec_wire::api::NodeStatus;
@@ -28,10 +28,21 @@ pub struct NodeView {
     pub polled: bool,
 }
 
+/// A sandbox this apiserver placed, remembered until a poll that surely includes it.
+#[derive(Debug, Clone, Copy)]
+struct Placed {
+    /// When the edge answered the create.
+    at: Instant,
+    memory_mb: u64,
+    cpu: f64,
+}
+
 /// Shared view of all edges.
 #[derive(Clone)]
 pub struct Watcher {
     nodes: Arc<RwLock<Vec<NodeView>>>,
+    /// Per node index: recent placements (lock order: `nodes` first, then `placed`).
+    placed: Arc<Mutex<Vec<Vec<Placed>>>>,
 }
 
 impl Watcher {
@@ -52,6 +63,7 @@ impl Watcher {
             .collect();
         Watcher {
             nodes: Arc::new(RwLock::new(nodes)),
+            placed: Arc::new(Mutex::new(vec![Vec::new(); edges.len()])),
         }
     }
 
@@ -71,15 +83,25 @@ impl Watcher {
             .map(|n| (n.endpoint.clone(), n.node_id.clone()))
     }
 
-    /// Counts a sandbox just placed on the node at `index` in the local view (until the next
-    /// poll replaces it), so placements between polls see each other.
+    /// Counts a sandbox just placed on the node at `index` in the local view, so placements
+    /// between polls see each other. A poll that was already in flight when the edge answered
+    /// the create may or may not include it: [`Watcher::record`] keeps it counted then.
     pub fn note_placed(&self, index: usize, memory_mb: u64, cpu: f64) {
-        if let Ok(mut nodes) = self.nodes.write() {
-            if let Some(s) = nodes.get_mut(index).and_then(|n| n.status.as_mut()) {
-                s.sandboxes_running += 1;
-                s.memory_mb_allocated += memory_mb;
-                s.cpu_cores_allocated += cpu;
-            }
+        let Ok(mut nodes) = self.nodes.write() else {
+            return;
+        };
+        if let Some(s) = nodes.get_mut(index).and_then(|n| n.status.as_mut()) {
+            s.sandboxes_running += 1;
+            s.memory_mb_allocated += memory_mb;
+            s.cpu_cores_allocated += cpu;
+        }
+        let mut placed = self.placed.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(list) = placed.get_mut(index) {
+            list.push(Placed {
+                at: Instant::now(),
+                memory_mb,
+                cpu,
+            });
         }
     }
 
@@ -117,10 +139,26 @@ impl Watcher {
         }
     }
 
-    fn record(&self, index: usize, result: Result<NodeStatus, String>) {
+    /// Stores the answer of a poll sent at `started`. Placements the edge answered before
+    /// `started` are in the edge's figures; those answered since may or may not be (the edge
+    /// computed its status at some point while the poll was in flight), so they stay counted as
+    /// far as the local view (which has them) is above the edge's figures.
+    fn record(&self, index: usize, result: Result<NodeStatus, String>, started: Instant) {
         let Ok(mut nodes) = self.nodes.write() else {
             return;
         };
+        let result = result.map(|status| {
+            let mut placed = self.placed.lock().unwrap_or_else(|p| p.into_inner());
+            let recent: &[Placed] = match placed.get_mut(index) {
+                Some(list) => {
+                    list.retain(|p| p.at >= started);
+                    list
+                }
+                None => &[],
+            };
+            let local = nodes.get(index).and_then(|n| n.status.as_ref());
+            add_unseen(status, local, recent)
+        });
         let Some(n) = nodes.get_mut(index) else {
             return;
         };
@@ -163,12 +201,12 @@ impl Watcher {
     /// Polls every edge once, concurrently.
     pub async fn poll_once(&self, http: &reqwest::Client) {
         let endpoints = self.endpoints();
-        let polls = endpoints
-            .into_iter()
-            .enumerate()
-            .map(|(i, e)| async move { (i, fetch_status(http, &e).await) });
-        for (i, r) in futures::future::join_all(polls).await {
-            self.record(i, r);
+        let polls = endpoints.into_iter().enumerate().map(|(i, e)| async move {
+            let started = Instant::now();
+            (i, fetch_status(http, &e).await, started)
+        });
+        for (i, r, started) in futures::future::join_all(polls).await {
+            self.record(i, r, started);
         }
     }
 
@@ -184,6 +222,28 @@ impl Watcher {
             }
         })
     }
+}
+
+/// `polled` plus the `recent` placements it may not include yet: at most as many as the local
+/// view (`local`, which counts every placement) has above `polled`.
+fn add_unseen(mut polled: NodeStatus, local: Option<&NodeStatus>, recent: &[Placed]) -> NodeStatus {
+    let (Some(local), false) = (local, recent.is_empty()) else {
+        return polled;
+    };
+    let used = |s: &NodeStatus| s.sandboxes_running + s.sandboxes_paused;
+    let count = (recent.len() as u64).min(used(local).saturating_sub(used(&polled)));
+    let mem: u64 = recent.iter().map(|p| p.memory_mb).sum();
+    let mem = mem.min(
+        local
+            .memory_mb_allocated
+            .saturating_sub(polled.memory_mb_allocated),
+    );
+    let cpu: f64 = recent.iter().map(|p| p.cpu).sum();
+    let cpu = cpu.min((local.cpu_cores_allocated - polled.cpu_cores_allocated).max(0.0));
+    polled.sandboxes_running += count;
+    polled.memory_mb_allocated += mem;
+    polled.cpu_cores_allocated += cpu;
+    polled
 }
 
 async fn fetch_status(http: &reqwest::Client, e: &EdgeEndpoint) -> Result<NodeStatus, String> {
@@ -202,4 +262,67 @@ async fn fetch_status(http: &reqwest::Client, e: &EdgeEndpoint) -> Result<NodeSt
     resp.json::<NodeStatus>()
         .await
         .map_err(|err| format!("decode status of {}: {err}", e.url))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn status(running: u64) -> NodeStatus {
+        NodeStatus {
+            node: "n1".into(),
+            url: "http://n1.example.test".into(),
+            healthy: true,
+            substrates: vec![],
+            sandboxes_running: running,
+            sandboxes_paused: 0,
+            capacity_sandboxes: 10,
+            cpu_cores_total: 8.0,
+            cpu_cores_allocated: running as f64,
+            memory_mb_total: 10_000,
+            memory_mb_allocated: running * 100,
+            memory_mb_available: 10_000,
+            images: vec![],
+            cgroup_version: "v1".into(),
+            labels: Default::default(),
+        }
+    }
+
+    fn watcher() -> Watcher {
+        Watcher::new(&[EdgeEndpoint {
+            url: "http://n1.example.test".into(),
+            token: "t".into(),
+            node_id: None,
+        }])
+    }
+
+    fn running(w: &Watcher) -> u64 {
+        w.with(|n| n[0].status.as_ref().map(|s| s.sandboxes_running))
+            .unwrap_or(0)
+    }
+
+    #[test]
+    fn a_poll_in_flight_does_not_forget_placements_it_missed() {
+        let w = watcher();
+        w.record(0, Ok(status(3)), Instant::now());
+        let started = Instant::now();
+        w.note_placed(0, 100, 1.0);
+        w.note_placed(0, 100, 1.0);
+        assert_eq!(running(&w), 5);
+        // The edge computed its answer before both creates reached it.
+        w.record(0, Ok(status(3)), started);
+        assert_eq!(running(&w), 5);
+        w.with(|n| {
+            let s = n[0].status.as_ref().unwrap();
+            assert_eq!((s.memory_mb_allocated, s.cpu_cores_allocated), (500, 5.0));
+        });
+        // ... or after one of them: not counted twice.
+        let started = Instant::now();
+        w.note_placed(0, 100, 1.0);
+        w.record(0, Ok(status(5)), started);
+        assert_eq!(running(&w), 6);
+        // A poll sent after the placements replaces the local figures (deletes show up).
+        w.record(0, Ok(status(2)), Instant::now());
+        assert_eq!(running(&w), 2);
+    }
 }

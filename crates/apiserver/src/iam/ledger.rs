@@ -11,7 +11,7 @@
 //! order, each seeing the previous ones. Callers get their answer only after the batch
 //! committed.
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::sync::mpsc;
 
 use tokio::sync::oneshot;
@@ -177,6 +177,8 @@ enum Answer {
 const MAX_RETRIES: u32 = 20;
 
 fn writer(mut conn: Conn, target: &crate::store::Target, rx: mpsc::Receiver<Op>) {
+    // Projects are never re-parented or deleted, so a project's ancestor chain can be kept.
+    let mut chains: HashMap<String, Vec<String>> = HashMap::new();
     while let Ok(first) = rx.recv() {
         let mut batch = vec![first];
         while batch.len() < MAX_BATCH {
@@ -194,7 +196,7 @@ fn writer(mut conn: Conn, target: &crate::store::Target, rx: mpsc::Receiver<Op>)
                     Err(e) => break Err(e),
                 }
             }
-            match apply_batch(&mut conn, &batch) {
+            match apply_batch(&mut conn, &batch, &mut chains) {
                 Err(e) if e.is_retryable() && attempt < MAX_RETRIES => {
                     attempt += 1;
                     tracing::debug!(error = %e, attempt, "quota ledger batch lost a race; again");
@@ -240,13 +242,61 @@ fn writer(mut conn: Conn, target: &crate::store::Target, rx: mpsc::Receiver<Op>)
 }
 
 /// Runs every operation of the batch in one transaction; one answer per operation.
-fn apply_batch(conn: &mut Conn, batch: &[Op]) -> Result<Vec<Answer>, DbError> {
+/// What one batch transaction has read: the quota rows it locked (changed in memory and
+/// written back once, before commit), and the cached ancestor chains.
+struct Batch<'a> {
+    chains: &'a mut HashMap<String, Vec<String>>,
+    rows: HashMap<String, Row>,
+    dirty: HashSet<String>,
+}
+
+impl Batch<'_> {
+    /// Writes back every changed quota row (its usage columns only: an admin may change the
+    /// limits, but not while this transaction holds the rows).
+    fn flush(&mut self, tx: &mut Tx<'_>) -> Result<(), DbError> {
+        for p in self.dirty.drain() {
+            let Some(q) = self.rows.get(&p) else { continue };
+            tx.exec(
+                "UPDATE quotas SET used_sandboxes = $2, used_cpu_milli = $3, used_memory_mb = $4,
+                     rate_sec = $5, rate_count = $6
+                 WHERE project_id = $1",
+                p![
+                    &p,
+                    q.used_sandboxes,
+                    q.used_cpu_milli,
+                    q.used_memory_mb,
+                    q.rate_sec,
+                    q.rate_count
+                ],
+            )?;
+        }
+        Ok(())
+    }
+}
+
+fn apply_batch(
+    conn: &mut Conn,
+    batch: &[Op],
+    chains: &mut HashMap<String, Vec<String>>,
+) -> Result<Vec<Answer>, DbError> {
     let mut tx = conn.begin(true)?;
+    let mut b = Batch {
+        chains,
+        rows: HashMap::new(),
+        dirty: HashSet::new(),
+    };
+    let answers = run_ops(&mut tx, &mut b, batch)?;
+    b.flush(&mut tx)?;
+    tx.commit()?;
+    Ok(answers)
+}
+
+fn run_ops(tx: &mut Tx<'_>, b: &mut Batch<'_>, batch: &[Op]) -> Result<Vec<Answer>, DbError> {
     let now = now_ms();
     let mut answers = Vec::with_capacity(batch.len());
     for op in batch {
         answers.push(match op {
-            Op::Reserve(r, _) => match reserve(&mut tx, r, now) {
+            Op::Reserve(r, _) => match reserve(tx, b, r, now) {
                 // Database errors abort the whole batch; refusals are per reservation.
                 Err(IamError::Db(e)) => return Err(e),
                 v => Answer::Reserve(v),
@@ -263,11 +313,11 @@ fn apply_batch(conn: &mut Conn, batch: &[Op]) -> Result<Vec<Answer>, DbError> {
                 Answer::None
             }
             Op::ReleaseReservation(res_id) => {
-                release_where(&mut tx, "res_id", res_id)?;
+                release_where(tx, b, "res_id", res_id)?;
                 Answer::None
             }
             Op::ReleaseSandbox(id) => {
-                release_where(&mut tx, "sandbox_id", id)?;
+                release_where(tx, b, "sandbox_id", id)?;
                 Answer::None
             }
             Op::Reconcile {
@@ -275,15 +325,26 @@ fn apply_batch(conn: &mut Conn, batch: &[Op]) -> Result<Vec<Answer>, DbError> {
                 before_ms,
                 pending_before_ms,
                 ..
-            } => Answer::Count(reconcile(&mut tx, edges, *before_ms, *pending_before_ms)?),
+            } => Answer::Count(reconcile(tx, b, edges, *before_ms, *pending_before_ms)?),
         });
     }
-    tx.commit()?;
     Ok(answers)
 }
 
-/// The project and its ancestors, nearest first.
-fn chain(tx: &mut Tx<'_>, project: &str) -> Result<Vec<String>, IamError> {
+/// The project and its ancestors, nearest first (cached: projects never move).
+fn chain(tx: &mut Tx<'_>, b: &mut Batch<'_>, project: &str) -> Result<Vec<String>, IamError> {
+    if let Some(c) = b.chains.get(project) {
+        return Ok(c.clone());
+    }
+    let c = read_chain(tx, project)?;
+    if b.chains.len() > 100_000 {
+        b.chains.clear();
+    }
+    b.chains.insert(project.to_string(), c.clone());
+    Ok(c)
+}
+
+fn read_chain(tx: &mut Tx<'_>, project: &str) -> Result<Vec<String>, IamError> {
     let mut out: Vec<String> = Vec::new();
     let mut cur = Some(project.to_string());
     while let Some(p) = cur {
@@ -302,6 +363,7 @@ fn chain(tx: &mut Tx<'_>, project: &str) -> Result<Vec<String>, IamError> {
     Ok(out)
 }
 
+#[derive(Clone)]
 struct Row {
     max_sandboxes: Option<i64>,
     max_cpu_milli: Option<i64>,
@@ -314,7 +376,18 @@ struct Row {
     rate_count: i64,
 }
 
-/// Reads (and on PostgreSQL locks until commit) the quota row of `project`.
+/// Reads (on PostgreSQL: and locks until commit) the quota rows of `chain`, root first (every
+/// chain ends at `root`, so all lockers take rows in the same order), once per batch.
+fn lock_chain(tx: &mut Tx<'_>, b: &mut Batch<'_>, chain: &[String]) -> Result<(), IamError> {
+    for p in chain.iter().rev() {
+        if !b.rows.contains_key(p) {
+            let row = quota_row(tx, p)?;
+            b.rows.insert(p.clone(), row);
+        }
+    }
+    Ok(())
+}
+
 fn quota_row(tx: &mut Tx<'_>, project: &str) -> Result<Row, IamError> {
     let sql = format!(
         "SELECT max_sandboxes, max_cpu_milli, max_memory_mb, max_creates_per_s,
@@ -340,8 +413,13 @@ fn quota_row(tx: &mut Tx<'_>, project: &str) -> Result<Row, IamError> {
     })
 }
 
-fn reserve(tx: &mut Tx<'_>, r: &Reservation, now: i64) -> Result<Reserved, IamError> {
-    let chain = chain(tx, &r.project)?;
+fn reserve(
+    tx: &mut Tx<'_>,
+    b: &mut Batch<'_>,
+    r: &Reservation,
+    now: i64,
+) -> Result<Reserved, IamError> {
+    let chain = chain(tx, b, &r.project)?;
     if let Some(home) = &r.home {
         if !chain.contains(home) {
             return Err(IamError::Forbidden(format!(
@@ -350,14 +428,9 @@ fn reserve(tx: &mut Tx<'_>, r: &Reservation, now: i64) -> Result<Reserved, IamEr
             )));
         }
     }
-    // Lock the chain root first (every chain ends at `root`, so all lockers take rows in the
-    // same order), then read usage: a concurrent admission on another replica waits here and
-    // sees this one's increment once it commits.
-    let mut rows = Vec::with_capacity(chain.len());
-    for p in chain.iter().rev() {
-        rows.push((p, quota_row(tx, p)?));
-    }
-    rows.reverse();
+    // Lock the chain, then read usage: a concurrent admission on another replica waits here
+    // and sees this one's increment once it commits.
+    lock_chain(tx, b, &chain)?;
     // The idempotency key is checked under the locks, so a retry racing its original on
     // another replica sees the original's allocation.
     if let Some(key) = &r.idempotency_key {
@@ -375,9 +448,14 @@ fn reserve(tx: &mut Tx<'_>, r: &Reservation, now: i64) -> Result<Reserved, IamEr
     let cpu = cpu_milli(r.cpu_cores);
     let mem = r.memory_mb as i64;
     let sec = now / 1000;
-    let mut counts = Vec::with_capacity(rows.len());
-    for (p, q) in &rows {
-        let whose = if *p == &r.project {
+    let mut counts = Vec::with_capacity(chain.len());
+    for p in &chain {
+        let Some(q) = b.rows.get(p) else {
+            return Err(IamError::NotFound(format!(
+                "project {p:?} has no quota row"
+            )));
+        };
+        let whose = if p == &r.project {
             format!("project {p:?}")
         } else {
             format!("project {:?} (through its parent {p:?})", r.project)
@@ -415,16 +493,17 @@ fn reserve(tx: &mut Tx<'_>, r: &Reservation, now: i64) -> Result<Reserved, IamEr
                 )));
             }
         }
-        counts.push((*p, count));
+        counts.push((p, count));
     }
     for (p, count) in counts {
-        tx.exec(
-            "UPDATE quotas SET used_sandboxes = used_sandboxes + 1,
-                 used_cpu_milli = used_cpu_milli + $2, used_memory_mb = used_memory_mb + $3,
-                 rate_sec = $4, rate_count = $5
-             WHERE project_id = $1",
-            p![p, cpu, mem, sec, count + 1],
-        )?;
+        if let Some(q) = b.rows.get_mut(p) {
+            q.used_sandboxes += 1;
+            q.used_cpu_milli += cpu;
+            q.used_memory_mb += mem;
+            q.rate_sec = sec;
+            q.rate_count = count + 1;
+            b.dirty.insert(p.clone());
+        }
     }
     tx.exec(
         "INSERT INTO allocations (res_id, project_id, cpu_milli, memory_mb, created_ms, idem_key)
@@ -442,7 +521,12 @@ fn reserve(tx: &mut Tx<'_>, r: &Reservation, now: i64) -> Result<Reserved, IamEr
 }
 
 /// Deletes the allocation where `column = value` and gives its usage back up the tree.
-fn release_where(tx: &mut Tx<'_>, column: &str, value: &str) -> Result<bool, DbError> {
+fn release_where(
+    tx: &mut Tx<'_>,
+    b: &mut Batch<'_>,
+    column: &str,
+    value: &str,
+) -> Result<bool, DbError> {
     let sql = format!(
         "DELETE FROM allocations WHERE {column} = $1 RETURNING project_id, cpu_milli, memory_mb"
     );
@@ -450,30 +534,33 @@ fn release_where(tx: &mut Tx<'_>, column: &str, value: &str) -> Result<bool, DbE
         return Ok(false);
     };
     let (project, cpu, mem) = (row.str(0)?, row.i64(1)?, row.i64(2)?);
-    let chain = match chain(tx, &project) {
+    let chain = match chain(tx, b, &project) {
         Ok(c) => c,
         Err(IamError::Db(e)) => return Err(e),
         Err(e) => {
             tracing::error!(project = %project, error = %e, "release: project chain");
-            vec![project]
+            vec![project.clone()]
         }
     };
-    // Root first, the same lock order as admissions.
-    for p in chain.iter().rev() {
-        tx.exec(
-            "UPDATE quotas SET
-                 used_sandboxes = CASE WHEN used_sandboxes > 1 THEN used_sandboxes - 1 ELSE 0 END,
-                 used_cpu_milli = CASE WHEN used_cpu_milli > $2 THEN used_cpu_milli - $2 ELSE 0 END,
-                 used_memory_mb = CASE WHEN used_memory_mb > $3 THEN used_memory_mb - $3 ELSE 0 END
-             WHERE project_id = $1",
-            p![p, cpu, mem],
-        )?;
+    match lock_chain(tx, b, &chain) {
+        Ok(()) => {}
+        Err(IamError::Db(e)) => return Err(e),
+        Err(e) => tracing::error!(project = %project, error = %e, "release: quota rows"),
+    }
+    for p in &chain {
+        if let Some(q) = b.rows.get_mut(p) {
+            q.used_sandboxes = (q.used_sandboxes - 1).max(0);
+            q.used_cpu_milli = (q.used_cpu_milli - cpu).max(0);
+            q.used_memory_mb = (q.used_memory_mb - mem).max(0);
+            b.dirty.insert(p.clone());
+        }
     }
     Ok(true)
 }
 
 fn reconcile(
     tx: &mut Tx<'_>,
+    b: &mut Batch<'_>,
     edges: &[EdgeLive],
     before_ms: i64,
     pending_before_ms: i64,
@@ -498,7 +585,7 @@ fn reconcile(
         )?;
         for row in ids {
             let id = row.str(0)?;
-            if !live.contains(id.as_str()) && release_where(tx, "sandbox_id", &id)? {
+            if !live.contains(id.as_str()) && release_where(tx, b, "sandbox_id", &id)? {
                 changed += 1;
             }
         }
@@ -508,7 +595,7 @@ fn reconcile(
         p![pending_before_ms],
     )?;
     for row in pending {
-        if release_where(tx, "res_id", &row.str(0)?)? {
+        if release_where(tx, b, "res_id", &row.str(0)?)? {
             changed += 1;
         }
     }
