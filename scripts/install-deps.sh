@@ -4,7 +4,10 @@ set -euo pipefail
 
 PKGS=(erofs-utils busybox-static debootstrap runc bubblewrap nftables iproute2 sqlite3
       libseccomp-dev python3 python3-pip python3-venv ca-certificates procps psmisc hyperfine
-      sshfs openssh-server docker-registry skopeo)
+      sshfs openssh-server docker-registry skopeo qemu-system-x86 kmod cpio file)
+
+# The function-call tests build a C++ toolkit layer from the host's g++ packages.
+PKGS+=(g++ g++-12 libstdc++-12-dev)
 
 # Tests of the apiserver on PostgreSQL start a private server from these binaries.
 PKGS+=(postgresql)

@@ -180,9 +180,10 @@ def test_queue_full_answers_429_and_loses_nothing(node, client, warm):
     async def go():
         async with httpx.AsyncClient(base_url=node.url, headers={"authorization": f"Bearer {node.key}"},
                                      timeout=120, limits=httpx.Limits(max_connections=2000)) as h:
-            async def one(code):
-                return await h.post("/v1/functions/call", json={"language": "python", "code": code})
-            blockers = [asyncio.create_task(one("import time; time.sleep(4); print('b')")) for _ in range(max_workers)]
+            async def one(code, **kw):
+                return await h.post("/v1/functions/call", json={"language": "python", "code": code, **kw})
+            # the blockers hold every worker long enough for the whole burst to arrive even on a busy machine
+            blockers = [asyncio.create_task(one("import time; time.sleep(15); print('b')", timeout=30)) for _ in range(max_workers)]
             await asyncio.sleep(1.5)
             n = queue_limit + 40
             rest = await asyncio.gather(*[one(f"print({i})") for i in range(n)])

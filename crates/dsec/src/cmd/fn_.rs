@@ -56,9 +56,7 @@ fn read(p: &Path) -> anyhow::Result<String> {
 fn endpoint(g: &Global) -> anyhow::Result<(String, String)> {
     let (mut url, mut key) = (g.url.clone(), g.api_key.clone());
     if url.is_none() || key.is_none() {
-        if let Ok(vars) =
-            crate::envfile::read(Path::new(crate::connect::DEFAULT_ENV_FILE))
-        {
+        if let Ok(vars) = crate::envfile::read(Path::new(crate::connect::DEFAULT_ENV_FILE)) {
             url = url.or_else(|| vars.get(dsec_client::ENV_URL).cloned());
             key = key.or_else(|| vars.get(dsec_client::ENV_KEY).cloned());
         }
@@ -80,11 +78,16 @@ async fn send(
 ) -> anyhow::Result<bytes::Bytes> {
     let (url, key) = endpoint(g)?;
     let http = reqwest::Client::new();
-    let mut req = http.request(method, format!("{url}{path}")).bearer_auth(key);
+    let mut req = http
+        .request(method, format!("{url}{path}"))
+        .bearer_auth(key);
     if let Some(b) = body {
         req = req.json(b);
     }
-    let resp = req.send().await.with_context(|| format!("call {url}{path}"))?;
+    let resp = req
+        .send()
+        .await
+        .with_context(|| format!("call {url}{path}"))?;
     let status = resp.status();
     let bytes = resp.bytes().await.context("read the answer")?;
     if !status.is_success() {

@@ -20,7 +20,8 @@ except Exception:
     pass
 
 NOBODY = 65534
-SCRATCH_ROOT = "/dev/shm/.dsec-fn"
+# On the container's own root (its writable overlay layer): /dev/shm is noexec and small.
+SCRATCH_ROOT = "/var/lib/dsec-fn"
 _libc = ctypes.CDLL(None, use_errno=True)
 PR_SET_CHILD_SUBREAPER = 36
 
@@ -54,6 +55,19 @@ def recv_msg(conn):
 def send_msg(conn, obj):
     data = json.dumps(obj).encode()
     conn.sendall(struct.pack(">I", len(data)) + data)
+
+
+def survivors():
+    me = os.getpid()
+    out = []
+    for p in os.listdir("/proc"):
+        if p.isdigit() and int(p) not in (1, me):
+            try:
+                with open("/proc/%s/stat" % p) as f:
+                    out.append(f.read()[:120])
+            except OSError:
+                pass
+    return out
 
 
 def kill_everything():
@@ -261,6 +275,17 @@ class Call:
 def serve(req, state, seq):
     clean = True
     results = []
+    if req.get("reap"):
+        # The edge swept leftovers from outside: reap them, re-check, re-wipe.
+        if state.get("call") is not None:
+            state["call"].finish()
+            state["call"] = None
+        clean = kill_everything()
+        wipe(SCRATCH_ROOT)
+        for d in WIPE:
+            wipe(d, keep_self=True)
+        clean = clean and not os.listdir(SCRATCH_ROOT)
+        return {"results": [], "clean": clean, "survivors": [] if clean else survivors()}
     if req.get("begin") is not None:
         if state.get("call") is not None:
             state["call"].finish()
@@ -278,7 +303,7 @@ def serve(req, state, seq):
     if req.get("end"):
         clean = call.finish() and clean
         state["call"] = None
-    return {"results": results, "clean": clean}
+    return {"results": results, "clean": clean, "survivors": [] if clean else survivors()}
 
 
 def main():

@@ -482,6 +482,7 @@ async fn run_call(w: &mut worker::Worker, p: &Prepared, req: &FunctionCallReques
             steps: vec![step],
             stop_on_fail: true,
             end: false,
+            reap: false,
         };
         let ans = w
             .exchange(&req_c, Duration::from_millis(p.compile_ms) + margin)
@@ -505,8 +506,9 @@ async fn run_call(w: &mut worker::Worker, p: &Prepared, req: &FunctionCallReques
                 end: true,
                 ..Default::default()
             };
-            let healthy =
+            let clean =
                 matches!(w.exchange(&end, margin).await, Ok(a) if a.clean && a.error.is_none());
+            let healthy = settle(w, clean, margin).await;
             let verdict = req.test_cases.as_ref().map(|_| Verdict::CompileError);
             return CallOutcome {
                 result: FunctionCallResult {
@@ -542,6 +544,7 @@ async fn run_call(w: &mut worker::Worker, p: &Prepared, req: &FunctionCallReques
         steps,
         stop_on_fail: false,
         end: true,
+        reap: false,
     };
     let base = w.arm(p.memory_mb, p.pids);
     let oom0 = w.oom_kills();
@@ -563,8 +566,11 @@ async fn run_call(w: &mut worker::Worker, p: &Prepared, req: &FunctionCallReques
             stdins.len()
         ));
     }
+    if !ans.clean {
+        tracing::debug!(worker = %w.id, survivors = ?ans.survivors, "function call left processes behind");
+    }
     // The fork-server must be the only process left in the worker's user cgroup.
-    let healthy = ans.clean && w.alive() && w.user_procs() <= 1;
+    let healthy = settle(w, ans.clean, margin).await;
     let oom = verdict::hit_memory_limit(&mem);
     let runs: Vec<RunResult> = ans
         .results
@@ -606,6 +612,22 @@ async fn run_call(w: &mut worker::Worker, p: &Prepared, req: &FunctionCallReques
         },
         healthy,
     }
+}
+
+/// After a call: the worker is reusable when its server reported it clean and nothing but the
+/// server is left in its user cgroup; otherwise the worker is swept (every leftover process
+/// killed from outside, then reaped and re-wiped by the server), and only a worker that cannot
+/// be made clean is reported unhealthy (and replaced).
+async fn settle(w: &mut worker::Worker, clean: bool, margin: Duration) -> bool {
+    if !w.alive() {
+        return false;
+    }
+    if clean && w.strays().is_empty() {
+        return true;
+    }
+    let ok = w.sweep(margin).await;
+    tracing::info!(worker = %w.id, server_clean = clean, swept_clean = ok, "function worker swept after a call");
+    ok
 }
 
 /// The worker's memory cap in MiB (compile steps get all of it).

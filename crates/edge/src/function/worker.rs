@@ -73,6 +73,9 @@ pub struct ServerRequest {
     pub stop_on_fail: bool,
     /// End the call: wipe its scratch dir and every world-writable dir.
     pub end: bool,
+    /// Only kill and reap whatever is left (after the edge swept the worker's cgroup).
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub reap: bool,
 }
 
 #[derive(Debug, Clone, Serialize, Default)]
@@ -106,6 +109,9 @@ pub struct ServerAnswer {
     pub clean: bool,
     #[serde(default)]
     pub error: Option<String>,
+    /// Processes the server could not get rid of (diagnostics).
+    #[serde(default)]
+    pub survivors: Vec<String>,
 }
 
 /// Memory measured around one exchange.
@@ -136,6 +142,8 @@ pub struct Worker {
     conn: UnixStream,
     /// The server's `Exec`; kept so its output frames have a home.
     _server: Call,
+    /// Host pid of the fork-server (the one process a clean worker's user cgroup holds).
+    server_pid: Option<i32>,
     mem: MemFiles,
     /// Memory cap of the worker (bytes), restored after each call.
     cap_bytes: u64,
@@ -181,6 +189,9 @@ impl WorkerFactory {
         match start_server(&sandbox).await {
             Ok((conn, server)) => {
                 let mem = MemFiles::new(self.substrate.cgroup_root(), sandbox.cgroup());
+                let server_pid = user_pids(&sandbox)
+                    .into_iter()
+                    .find(|p| *p != sandbox.pid());
                 Ok(Worker {
                     id,
                     key: key.clone(),
@@ -190,6 +201,7 @@ impl WorkerFactory {
                     dir,
                     conn,
                     _server: server,
+                    server_pid,
                     mem,
                     cap_bytes: self.cfg.worker_memory_mb * 1024 * 1024,
                     pids_cap: self.cfg.worker_pids,
@@ -360,12 +372,77 @@ impl Worker {
 
     /// Processes in the worker's user cgroup (the fork-server and whatever a call left).
     pub fn user_procs(&self) -> usize {
-        self.sandbox
-            .cgroup()
-            .user_procs_file()
-            .and_then(|f| std::fs::read_to_string(f).ok())
-            .map(|s| s.lines().filter(|l| !l.trim().is_empty()).count())
-            .unwrap_or(0)
+        user_pids(&self.sandbox).len()
+    }
+
+    /// Host pids in the user cgroup other than the fork-server (and aether).
+    pub fn strays(&self) -> Vec<i32> {
+        let aether = self.sandbox.pid();
+        user_pids(&self.sandbox)
+            .into_iter()
+            .filter(|p| Some(*p) != self.server_pid && *p != aether)
+            .collect()
+    }
+
+    /// Makes the worker clean again after a call whose processes outlived the server's own
+    /// cleanup (a process forked while the server was killing, a process in an unkillable
+    /// sleep for a moment): freezes the whole container (so nothing can fork and no reaper can
+    /// free a pid for reuse), SIGKILLs every process of the user cgroup but the fork-server,
+    /// thaws, and repeats until none is left; then the server reaps and re-checks. Returns
+    /// whether the worker is clean (if not, it must be destroyed).
+    pub async fn sweep(&mut self, margin: Duration) -> bool {
+        let Some(server) = self.server_pid else {
+            return false;
+        };
+        let cg = self.sandbox.cgroup();
+        for round in 0..200 {
+            let strays = self.strays();
+            if strays.is_empty() {
+                break;
+            }
+            if round == 199 {
+                tracing::warn!(worker = %self.id, ?strays, "function worker: processes survive SIGKILL");
+                return false;
+            }
+            let frozen = cg.freeze().is_ok();
+            for p in &strays {
+                // SAFETY: kill(2) with a pid read from the frozen container's cgroup (no reaper
+                // in it can run, so the pid cannot have been freed and reused) and a constant
+                // signal; it touches no memory.
+                unsafe {
+                    libc::kill(*p, libc::SIGKILL);
+                }
+            }
+            if frozen {
+                if let Err(e) = cg.thaw() {
+                    tracing::warn!(worker = %self.id, error = %e, "thaw function worker");
+                    return false;
+                }
+            }
+            tokio::time::sleep(Duration::from_millis(if round < 10 { 1 } else { 10 })).await;
+        }
+        if !self.strays().is_empty() || !self.user_pids_has(server) {
+            return false;
+        }
+        let reap = ServerRequest {
+            reap: true,
+            ..Default::default()
+        };
+        match self.exchange(&reap, margin).await {
+            Ok(a) if a.clean && a.error.is_none() => self.alive() && self.strays().is_empty(),
+            Ok(a) => {
+                tracing::warn!(worker = %self.id, survivors = ?a.survivors, error = ?a.error, "function worker still unclean after a sweep");
+                false
+            }
+            Err(e) => {
+                tracing::warn!(worker = %self.id, error = %e, "function worker: reap after a sweep");
+                false
+            }
+        }
+    }
+
+    fn user_pids_has(&self, pid: i32) -> bool {
+        user_pids(&self.sandbox).contains(&pid)
     }
 
     /// Kills the container, removes its cgroup and directory, gives the image lease back.
@@ -378,6 +455,16 @@ impl Worker {
         }
         drop(self.lease.take());
     }
+}
+
+/// Host pids in a sandbox's user cgroup (empty when unreadable).
+fn user_pids(sandbox: &ContainerSandbox) -> Vec<i32> {
+    sandbox
+        .cgroup()
+        .user_procs_file()
+        .and_then(|f| std::fs::read_to_string(f).ok())
+        .map(|s| s.lines().filter_map(|l| l.trim().parse().ok()).collect())
+        .unwrap_or_default()
 }
 
 fn remove_dir(dir: &Path) -> std::io::Result<()> {
