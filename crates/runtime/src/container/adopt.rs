@@ -8,9 +8,10 @@
 //!
 //! [`ContainerSubstrate::adopt`] is the restarted edge's side: open a pidfd for the recorded
 //! pid, check it is the sandbox's aether (its cgroup names the sandbox), connect, wait for
-//! `Ready` and rebuild the [`ContainerSandbox`]. A frozen (paused) sandbox is thawed for the
-//! handshake and frozen again, so it stays paused. The adopted aether is not the new edge's
-//! child: its exit is noticed through the pidfd becoming readable, without a status.
+//! `Ready` and rebuild the [`ContainerSandbox`]. A frozen (paused) sandbox is not thawed: its
+//! aether takes the connection and sends `Ready` when it is resumed, so nothing in it runs
+//! during the adoption. The adopted aether is not the new edge's child: its exit is noticed
+//! through the pidfd becoming readable, without a status.
 
 use std::io;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
@@ -149,42 +150,29 @@ impl ContainerSubstrate {
                 source,
             })?;
         let client = AetherClient::new(stream);
+        // A frozen (paused) sandbox is adopted without the handshake: thawing it, even briefly,
+        // would let its processes run (and be frozen again at an arbitrary point). Its aether
+        // still sits in the read on the old, broken channel; the connection made above waits in
+        // the listener's backlog, and at the resume aether sees the old channel's end, accepts
+        // it, sends `Ready` and serves the requests queued meanwhile. The pidfd and cgroup
+        // checks above already tie the pid to this sandbox.
         let frozen = pause::is_frozen(&cgroup);
-        if frozen {
-            pause::resume_cgroup(id, &cgroup).map_err(|e| AdoptError::Io {
-                id: id.to_string(),
-                what: "thaw for the reattach".into(),
-                source: io::Error::other(e),
-            })?;
-        }
-        let ready = tokio::time::timeout(READY_TIMEOUT, client.wait_ready()).await;
-        let refreeze = if frozen {
-            // Freeze again before judging the answer: the sandbox stays paused either way.
-            pause::pause_cgroup(id, &cgroup, false).err()
-        } else {
-            None
-        };
-        match ready {
-            Ok(Ok(_)) => {}
-            Ok(Err(e)) => {
-                return Err(AdoptError::NoReady {
-                    id: id.to_string(),
-                    reason: e.to_string(),
-                })
+        if !frozen {
+            match tokio::time::timeout(READY_TIMEOUT, client.wait_ready()).await {
+                Ok(Ok(_)) => {}
+                Ok(Err(e)) => {
+                    return Err(AdoptError::NoReady {
+                        id: id.to_string(),
+                        reason: e.to_string(),
+                    })
+                }
+                Err(_) => {
+                    return Err(AdoptError::NoReady {
+                        id: id.to_string(),
+                        reason: format!("no Ready within {} s", READY_TIMEOUT.as_secs()),
+                    })
+                }
             }
-            Err(_) => {
-                return Err(AdoptError::NoReady {
-                    id: id.to_string(),
-                    reason: format!("no Ready within {} s", READY_TIMEOUT.as_secs()),
-                })
-            }
-        }
-        if let Some(e) = refreeze {
-            return Err(AdoptError::Io {
-                id: id.to_string(),
-                what: "freeze again after the reattach".into(),
-                source: io::Error::other(e),
-            });
         }
         let pidfd = Arc::new(pidfd);
         let exit = watch_foreign_exit(&pidfd).map_err(|source| AdoptError::Io {
