@@ -6,6 +6,9 @@ PKGS=(erofs-utils busybox-static debootstrap runc bubblewrap nftables iproute2 s
       libseccomp-dev python3 python3-pip python3-venv ca-certificates procps psmisc hyperfine
       sshfs openssh-server docker-registry skopeo qemu-system-x86 kmod cpio file)
 
+# Sandbox disk limits (mkfs.ext4, loop mounts) and networking (ip, nft) in issue 8.
+PKGS+=(e2fsprogs mount util-linux)
+
 # The function-call tests build a C++ toolkit layer from the host's g++ packages.
 PKGS+=(g++ g++-12 libstdc++-12-dev)
 

@@ -27,6 +27,7 @@ TABLE = "dsectest"
 CONFIG = f"""
 [edge]
 default_disk_limit_mb = 0
+disk_bps_limit_mb = 32
 
 [edge.network]
 subnet_v4 = "10.231.0.0/16"
@@ -139,7 +140,7 @@ def second_config(disk_bps_limit_mb: int = 0) -> str:
             .replace('gateway_interface = "dsect0"', 'gateway_interface = "dsect1"')
             .replace("10.231.0.0/16", "10.232.0.0/16")
             .replace("fd00:d5ed::/64", "fd00:d5ee::/64")
-            .replace("default_disk_limit_mb = 0", f"default_disk_limit_mb = 0\ndisk_bps_limit_mb = {disk_bps_limit_mb}"))
+            .replace("disk_bps_limit_mb = 32", f"disk_bps_limit_mb = {disk_bps_limit_mb}"))
 
 
 class NetUp(DsecUp):
