@@ -75,7 +75,7 @@ def main():
     ap.add_argument("--n", type=int, default=30)
     a = ap.parse_args()
     srv = TestServers().start()
-    up = NetUp(find_dsec_bin(), "bench-net")
+    up = NetUp(find_dsec_bin(), "benchnet")
     up.start()
     c = up.client()
     try:
