@@ -271,7 +271,7 @@ mod tests {
         if pid == 0 {
             // SAFETY: prctl on the child itself.
             unsafe { libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) };
-            let ok = apply(&[keep.clone()]).is_ok()
+            let ok = apply(std::slice::from_ref(&keep)).is_ok()
                 && std::fs::write(&keep, "evil").is_err()
                 && std::fs::remove_file(&keep).is_err()
                 && std::fs::write(&free, "fine").is_ok();

@@ -660,11 +660,15 @@ mod tests {
     #[test]
     fn config_validation() {
         assert!(NetworkConfig::default().validate().is_ok());
-        let mut c = NetworkConfig::default();
-        c.subnet_v4 = "10.0.0.0/30".into();
+        let c = NetworkConfig {
+            subnet_v4: "10.0.0.0/30".into(),
+            ..Default::default()
+        };
         assert_eq!(c.validate().unwrap_err().key, "network.subnet_v4");
-        let mut c = NetworkConfig::default();
-        c.veth_prefix = "toolong".into();
+        let c = NetworkConfig {
+            veth_prefix: "toolong".into(),
+            ..Default::default()
+        };
         assert_eq!(c.validate().unwrap_err().key, "network.veth_prefix");
         let mut c = NetworkConfig::default();
         c.hosts.insert("pypi.test".into(), "not-an-ip".into());
