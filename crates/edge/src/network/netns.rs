@@ -198,7 +198,7 @@ pub fn create(
          link set {veth} up\n\
          addr add fe80::1/64 dev {veth} nodad\n\
          route add {ipv4}/32 dev {veth}\n\
-         -6 route add {ipv6}/128 dev {veth}\n"
+         route add {ipv6}/128 dev {veth}\n"
     );
     let inside = format!(
         "link set lo up\n\
@@ -209,7 +209,7 @@ pub fn create(
          link set eth0 up\n\
          route add {gateway}/32 dev eth0\n\
          route add default via {gateway} dev eth0\n\
-         -6 route add default via fe80::1 dev eth0\n"
+         route add ::/0 via fe80::1 dev eth0\n"
     );
     let built = ip_batch(None, &host)
         .and_then(|()| ip_batch(Some(ns), &inside))
