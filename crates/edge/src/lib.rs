@@ -33,6 +33,7 @@ pub mod function;
 pub mod http;
 pub mod manager;
 pub mod metrics;
+pub mod microvm;
 pub mod network;
 pub mod pack;
 pub mod records;
@@ -108,8 +109,12 @@ impl Edge {
         })
         .with_reattach_grace(config.reattach_grace_ms);
         let fn_substrate = substrate.clone().with_reattach_grace(0);
+        let vm_aether = substrate.config().aether_path.clone();
         let mut edge =
             Self::start_with_driver(config, Arc::new(ContainerDriver::new(substrate))).await?;
+        let blob_store = edge.manager.image_store().blob_store();
+        edge.manager
+            .set_microvm_driver(microvm::driver(vm_aether, &blob_store));
         if edge.cfg.functions.enabled {
             edge.functions = Some(function::Functions::start(
                 edge.cfg.functions.clone(),

@@ -119,9 +119,9 @@ pub fn validate_create(
     cfg: &EdgeConfig,
     req: &CreateSandboxRequest,
 ) -> Result<Validated, EdgeError> {
-    if req.substrate != Substrate::Container {
+    if !matches!(req.substrate, Substrate::Container | Substrate::Microvm) {
         return Err(EdgeError::Unsupported(format!(
-            "substrate {:?} is not supported on node {}: this edge runs `container` sandboxes only",
+            "substrate {:?} is not supported on node {}: this edge runs `container` and `microvm` sandboxes only",
             req.substrate, cfg.node_id
         )));
     }
@@ -387,6 +387,8 @@ pub struct Manager {
     shutting_down: AtomicBool,
     traj: Arc<crate::trajectory::Trajectories>,
     net: Arc<crate::network::Network>,
+    /// The microVM driver, or why this node has none (see [`crate::microvm::driver`]).
+    microvm: std::sync::OnceLock<Result<Arc<dyn Driver>, String>>,
 }
 
 impl Manager {
@@ -409,6 +411,30 @@ impl Manager {
             metrics,
             state: Mutex::new(State::default()),
             shutting_down: AtomicBool::new(false),
+            microvm: std::sync::OnceLock::new(),
+        }
+    }
+
+    /// Sets the microVM driver (or the reason there is none); once, at start.
+    pub fn set_microvm_driver(&self, driver: Result<Arc<dyn Driver>, String>) {
+        let _ = self.microvm.set(driver);
+    }
+
+    /// The driver for a validated create request's substrate.
+    fn driver_for(&self, substrate: Substrate) -> Result<Arc<dyn Driver>, EdgeError> {
+        match substrate {
+            Substrate::Microvm => match self.microvm.get() {
+                Some(Ok(d)) => Ok(d.clone()),
+                Some(Err(why)) => Err(EdgeError::Unsupported(format!(
+                    "microVM sandboxes are not available on node {}: {why}",
+                    self.cfg.node_id
+                ))),
+                None => Err(EdgeError::Unsupported(format!(
+                    "microVM sandboxes are not available on node {}",
+                    self.cfg.node_id
+                ))),
+            },
+            _ => Ok(self.driver.clone()),
         }
     }
 
@@ -462,7 +488,10 @@ impl Manager {
                         Err(e) => e,
                     }
                 }
-                Ok(rec) => format!("record in state {:?} without a running agent", rec.info.state),
+                Ok(rec) => format!(
+                    "record in state {:?} without a running agent",
+                    rec.info.state
+                ),
                 Err(e) => format!("unreadable record: {e}"),
             };
             if let Ok(rec) = &f.record {
@@ -509,12 +538,21 @@ impl Manager {
                 reaped.push(id);
             }
         }
-        tracing::info!(adopted = adopted.len(), cleaned = reaped.len(), "recovered sandboxes of an earlier edge run");
+        tracing::info!(
+            adopted = adopted.len(),
+            cleaned = reaped.len(),
+            "recovered sandboxes of an earlier edge run"
+        );
         reaped
     }
 
     /// Re-adopts one recorded sandbox; on error nothing was registered.
-    async fn readopt(self: &Arc<Self>, id: &str, dir: &Path, rec: &SandboxRecord) -> Result<(), String> {
+    async fn readopt(
+        self: &Arc<Self>,
+        id: &str,
+        dir: &Path,
+        rec: &SandboxRecord,
+    ) -> Result<(), String> {
         if !is_valid_sandbox_id(id) || rec.info.id != id {
             return Err(format!("record names sandbox {:?}", rec.info.id));
         }
@@ -551,7 +589,11 @@ impl Manager {
             lease: Mutex::new(Some(lease)),
             ended: OnceCell::new(),
             env: rec.env.clone(),
-            created_ms: if rec.created_ms > 0 { rec.created_ms } else { now },
+            created_ms: if rec.created_ms > 0 {
+                rec.created_ms
+            } else {
+                now
+            },
             // The idle clock restarts: time the edge was down does not count as idle.
             last_request_ms: AtomicU64::new(now),
             inflight: AtomicU64::new(0),
@@ -706,6 +748,7 @@ impl Manager {
         v: &Validated,
         started: Instant,
     ) -> Result<Arc<Entry>, EdgeError> {
+        let driver = self.driver_for(req.substrate)?;
         let lease = self
             .images
             .acquire_composed(&v.image, v.workspace.as_deref(), &v.toolkits)
@@ -717,7 +760,7 @@ impl Manager {
             id: id.to_string(),
             node: self.cfg.node_id.clone(),
             state: SandboxState::Creating,
-            substrate: Substrate::Container,
+            substrate: req.substrate,
             image: lease.image().to_string(),
             memory_limit_mb: v.memory_mb,
             cpu_cores_limit: v.cpu,
@@ -753,7 +796,8 @@ impl Manager {
             return Err(e);
         }
         // Network namespace, rules and disk limit (issue 8); rolled back with the directory.
-        let extras = match crate::network::hook::prepare(&self.net, &self.cfg, id, &dir, req).await {
+        let extras = match crate::network::hook::prepare(&self.net, &self.cfg, id, &dir, req).await
+        {
             Ok(x) => x,
             Err(e) => {
                 let _ = remove_dir(&dir);
@@ -773,7 +817,7 @@ impl Manager {
             netns: extras.netns.clone(),
             protected_paths: req.protected_paths.clone(),
         };
-        let sandbox = match self.driver.create(spec).await {
+        let sandbox = match driver.create(spec).await {
             Ok(s) => s,
             Err(e) => {
                 let err = EdgeError::from_create(e);
@@ -968,6 +1012,12 @@ impl Manager {
     }
 
     async fn pause_entry(&self, e: &Arc<Entry>) -> Result<(), EdgeError> {
+        if lock(&e.info).substrate == Substrate::Microvm {
+            return Err(EdgeError::Unsupported(format!(
+                "sandbox {}: pause is not supported for microVM sandboxes yet",
+                e.id
+            )));
+        }
         let _op = e.op.lock().await;
         match lock(&e.info).state {
             SandboxState::Paused => return Ok(()),
@@ -983,7 +1033,19 @@ impl Manager {
             .sandbox
             .pause(self.cfg.reclaim_on_pause)
             .await
-            .map_err(|err| EdgeError::internal("pause", &err))?;
+            .map_err(|err| EdgeError::internal("pause", &err));
+        let request = serde_json::json!({ "reclaim": self.cfg.reclaim_on_pause });
+        let report = match report {
+            Ok(r) => {
+                let result = serde_json::to_value(&r).unwrap_or_default();
+                self.traj.note(&e.id, "pause", request, Ok(result));
+                r
+            }
+            Err(err) => {
+                self.traj.note(&e.id, "pause", request, Err(&err));
+                return Err(err);
+            }
+        };
         {
             let mut i = lock(&e.info);
             i.state = SandboxState::Paused;
@@ -1008,10 +1070,15 @@ impl Manager {
                 )))
             }
         }
-        e.sandbox
+        let resumed = e
+            .sandbox
             .resume()
             .await
-            .map_err(|err| EdgeError::internal("resume", &err))?;
+            .map_err(|err| EdgeError::internal("resume", &err));
+        let result = resumed.as_ref().map(|_| serde_json::json!({}));
+        self.traj
+            .note(&e.id, "resume", serde_json::json!({}), result);
+        resumed?;
         {
             let mut i = lock(&e.info);
             i.state = SandboxState::Running;
@@ -1162,9 +1229,23 @@ impl Manager {
         spec: dsec_wire::api::NetworkSpec,
     ) -> Result<dsec_wire::api::NetworkStatus, EdgeError> {
         let e = self.running(id)?;
-        self.net.update(id, &spec).await?;
+        let request = serde_json::to_value(&spec).unwrap_or_default();
+        if let Err(err) = self.net.update(id, &spec).await {
+            let err = EdgeError::from(err);
+            self.traj.note(id, "network", request, Err(&err));
+            return Err(err);
+        }
+        self.traj.note(
+            id,
+            "network",
+            request,
+            Ok(serde_json::json!({ "applied": true })),
+        );
         crate::network::hook::saved(&self.net, id, &e.dir);
-        let st = self.net.status(id, &std::collections::BTreeMap::new()).await;
+        let st = self
+            .net
+            .status(id, &std::collections::BTreeMap::new())
+            .await;
         lock(&e.info).network_rules = st.groups.clone();
         Ok(st)
     }
@@ -1223,7 +1304,13 @@ impl Manager {
         if stream && step.is_none() {
             return match self.run_command(e, r, stdin, true).await? {
                 CommandReply::Stream(s) => Ok(CommandReply::Stream(hooks::record_stream(
-                    &self.traj, id, kind, request, key, s, 1 << 20,
+                    &self.traj,
+                    id,
+                    kind,
+                    request,
+                    key,
+                    s,
+                    1 << 20,
                 ))),
                 other => Ok(other),
             };
@@ -1305,7 +1392,9 @@ impl Manager {
         let request = serde_json::json!({"path": path, "mode": mode, "parents": parents});
         let (p, aether) = (path.to_string(), e.0.aether.clone());
         let a = if step.is_some() {
-            let data = hooks::buffer_body(body, max.min(self.traj.config().max_recorded_read_bytes)).await?;
+            let data =
+                hooks::buffer_body(body, max.min(self.traj.config().max_recorded_read_bytes))
+                    .await?;
             let sha256 = crate::trajectory::sha256_hex(&data);
             let key = serde_json::json!({"path": path, "mode": mode, "sha256": sha256});
             let size = data.len() as u64;
@@ -1315,9 +1404,16 @@ impl Manager {
                 let body = futures::stream::iter([Ok::<_, axum::Error>(data.clone())]);
                 let info = files::upload(&aether, &id2, &p, mode, parents, body, max).await?;
                 let data = Some(data);
-                Ok(Written { info, sha256, size, data })
+                Ok(Written {
+                    info,
+                    sha256,
+                    size,
+                    data,
+                })
             };
-            self.traj.call(id, step, "write_file", request.clone(), key, run).await?
+            self.traj
+                .call(id, step, "write_file", request.clone(), key, run)
+                .await?
         } else {
             let (body, hashed) = hooks::hashing(body);
             let id2 = id.to_string();
@@ -1325,9 +1421,16 @@ impl Manager {
                 let _busy = e;
                 let info = files::upload(&aether, &id2, &p, mode, parents, body, max).await?;
                 let (sha256, size) = hashed.finish();
-                Ok(Written { info, sha256, size, data: None })
+                Ok(Written {
+                    info,
+                    sha256,
+                    size,
+                    data: None,
+                })
             };
-            self.traj.call(id, None, "write_file", request.clone(), request, run).await?
+            self.traj
+                .call(id, None, "write_file", request.clone(), request, run)
+                .await?
         };
         Ok((a.value.info, a.replayed))
     }
@@ -1345,7 +1448,9 @@ impl Manager {
         let request = serde_json::json!({"path": path});
         if step.is_none() {
             let r = files::download(&e.0.aether, id, path).await;
-            let result = r.as_ref().map(|d| serde_json::json!({"mode": d.mode, "size": d.size}));
+            let result = r
+                .as_ref()
+                .map(|d| serde_json::json!({"mode": d.mode, "size": d.size}));
             self.traj.note(id, "read_file", request, result);
             return r.map(|d| (d, false));
         }
@@ -1355,7 +1460,10 @@ impl Manager {
             let d = files::download(&e.0.aether, &id2, &p).await?;
             hooks::collect_download(d, max).await
         };
-        let a = self.traj.call(id, step, "read_file", request.clone(), request, run).await?;
+        let a = self
+            .traj
+            .call(id, step, "read_file", request.clone(), request, run)
+            .await?;
         Ok((hooks::content_download(a.value), a.replayed))
     }
 
@@ -1369,7 +1477,10 @@ impl Manager {
         let request = serde_json::json!({"path": path});
         let (p, id2) = (path.to_string(), id.to_string());
         let run = move || async move { files::stat(&e.0.aether, &id2, &p).await };
-        let a = self.traj.call(id, step, "stat", request.clone(), request, run).await?;
+        let a = self
+            .traj
+            .call(id, step, "stat", request.clone(), request, run)
+            .await?;
         Ok((a.value, a.replayed))
     }
 
@@ -1383,7 +1494,10 @@ impl Manager {
         let request = serde_json::json!({"path": path});
         let (p, id2) = (path.to_string(), id.to_string());
         let run = move || async move { files::list(&e.0.aether, &id2, &p).await };
-        let a = self.traj.call(id, step, "list_files", request.clone(), request, run).await?;
+        let a = self
+            .traj
+            .call(id, step, "list_files", request.clone(), request, run)
+            .await?;
         Ok((a.value, a.replayed))
     }
 
@@ -1398,7 +1512,10 @@ impl Manager {
         let request = serde_json::json!({"path": path, "recursive": recursive});
         let (p, id2) = (path.to_string(), id.to_string());
         let run = move || async move { files::remove(&e.0.aether, &id2, &p, recursive).await };
-        let a = self.traj.call(id, step, "remove", request.clone(), request, run).await?;
+        let a = self
+            .traj
+            .call(id, step, "remove", request.clone(), request, run)
+            .await?;
         Ok(a.replayed)
     }
 
@@ -1413,7 +1530,10 @@ impl Manager {
         let request = serde_json::json!({"path": path, "mode": mode, "parents": parents});
         let (p, id2) = (path.to_string(), id.to_string());
         let run = move || async move { files::mkdir(&e.0.aether, &id2, &p, mode, parents).await };
-        let a = self.traj.call(id, step, "mkdir", request.clone(), request, run).await?;
+        let a = self
+            .traj
+            .call(id, step, "mkdir", request.clone(), request, run)
+            .await?;
         Ok((a.value, a.replayed))
     }
 
@@ -1495,7 +1615,9 @@ impl Manager {
             node: self.cfg.node_id.clone(),
             url: self.cfg.url(),
             healthy: !self.shutting_down.load(Ordering::Relaxed),
-            substrates: vec![self.driver.kind()],
+            substrates: std::iter::once(self.driver.kind())
+                .chain(matches!(self.microvm.get(), Some(Ok(_))).then_some(Substrate::Microvm))
+                .collect(),
             sandboxes_running: running,
             sandboxes_paused: paused,
             capacity_sandboxes: self.cfg.capacity,
@@ -1570,7 +1692,7 @@ mod tests {
         let e = validate_create(
             &cfg,
             &CreateSandboxRequest {
-                substrate: Substrate::Microvm,
+                substrate: Substrate::Vm,
                 ..req("busybox")
             },
         )

@@ -5,8 +5,10 @@
 //! * [`container`] — our own container runtime: clone into namespaces, cgroups, handing the
 //!   channel to aether (which builds the root inside the new mount namespace).
 //! * [`cgroup`] — cgroup v1 and v2 drivers, one file per version.
+//! * [`microvm`] — QEMU guests with their own kernel, aether over virtio-serial.
 
 pub mod aether_client;
 pub mod cgroup;
 pub mod container;
+pub mod microvm;
 pub mod substrate;

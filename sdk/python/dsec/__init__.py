@@ -35,7 +35,7 @@ from .errors import (
     Unsupported,
 )
 from .functions import FunctionResult, RunResult
-from .types import DSecContainerRunArgs, FileInfo, ImageInfo, JobOpResult, SandboxInfo, ShellResult, StreamEvent
+from .types import DSecContainerRunArgs, DSecMicroVMRunArgs, FileInfo, ImageInfo, JobOpResult, SandboxInfo, ShellResult, StreamEvent
 
 __version__ = "0.1.0"
 
@@ -45,6 +45,7 @@ __all__ = [
     "Conflict",
     "DSecClient",
     "DSecContainerRunArgs",
+    "DSecMicroVMRunArgs",
     "DSecError",
     "FileInfo",
     "FileNotFound",

@@ -254,6 +254,14 @@ class DSecClient(FunctionsMixin):
             )
         return Sandbox(self, info)
 
+    async def run_microvm(
+        self, args: Union[DSecContainerRunArgs, Mapping[str, Any]], timeout: float = 300.0
+    ) -> "Sandbox":
+        """Creates a microVM sandbox (``substrate="microvm"``): same calls as a container."""
+        body = args.to_json() if isinstance(args, DSecContainerRunArgs) else dict(args)
+        body["substrate"] = "microvm"
+        return await self.run_container(body, timeout=timeout)
+
     async def create_sandbox(
         self, args: Union[DSecContainerRunArgs, Mapping[str, Any]], timeout: float = 120.0
     ) -> "Sandbox":

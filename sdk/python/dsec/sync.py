@@ -107,6 +107,9 @@ class DSecClient(SyncFunctionsMixin):
 
     create_sandbox = run_container
 
+    def run_microvm(self, args: Union[DSecContainerRunArgs, Mapping[str, Any]], timeout: float = 300.0) -> "Sandbox":
+        return Sandbox(self, self._run(self._aclient.run_microvm(args, timeout=timeout)))
+
     def get_sandbox(self, sandbox_id: str) -> SandboxInfo:
         return self._run(self._aclient.get_sandbox(sandbox_id))
 

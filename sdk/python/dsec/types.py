@@ -49,6 +49,8 @@ class DSecContainerRunArgs:
     #: Keep a trajectory log (default: the node's setting, on); ``False`` turns off logging and
     #: fast-forward for this sandbox.
     trajectory: Optional[bool] = None
+    #: ``"container"`` (default) or ``"microvm"`` (a QEMU guest with its own kernel).
+    substrate: Optional[str] = None
 
     def to_json(self) -> Dict[str, Any]:
         """The JSON body of the create call (``container_image`` becomes ``image``)."""
@@ -65,6 +67,15 @@ class DSecContainerRunArgs:
                 value = list(value)
             body[f.name] = value
         return body
+
+
+@dataclass
+class DSecMicroVMRunArgs(DSecContainerRunArgs):
+    """Arguments of :meth:`dsec.DSecClient.run_microvm`: the same as a container's, run in a
+    microVM (own kernel; the image's layers are the guest's root). ``memory_limit_mb`` is the
+    guest's RAM, ``cpu_cores_limit`` rounded up its vCPUs."""
+
+    substrate: Optional[str] = "microvm"
 
 
 @dataclass

@@ -1,0 +1,176 @@
+//! The edge's driver for the microVM substrate ([`dsec_runtime::microvm`]).
+//!
+//! Sandboxes with `substrate: "microvm"` are routed here by the manager when the guest
+//! artefacts exist (`scripts/vm/build-guest.sh`); otherwise the create answers 501 with the
+//! reason. Pause/resume are refused with a clear error until snapshots land.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use dsec_runtime::aether_client::AetherClient;
+use dsec_runtime::container::pause::PauseError;
+use dsec_runtime::microvm::{MicroVmConfig, MicroVmSandbox, MicroVmSubstrate};
+use dsec_runtime::substrate::{
+    CreateSandboxError, DestroySandboxError, Sandbox, SandboxSpec, Substrate as _, Usage,
+};
+use dsec_wire::api::PauseReport;
+
+use crate::substrate::{BoxFut, Driver, LiveSandbox};
+
+/// Where the guest kernel and initramfs are cached (`${DSEC_CACHE:-/var/cache/dsec}/guest`,
+/// or `DSEC_GUEST_DIR`).
+pub fn guest_dir() -> PathBuf {
+    if let Some(d) = std::env::var_os("DSEC_GUEST_DIR") {
+        return PathBuf::from(d);
+    }
+    let cache = std::env::var_os("DSEC_CACHE")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from("/var/cache/dsec"));
+    cache.join("guest")
+}
+
+/// The directory of a `local:`/`posix:` blob store description (`kind:/dir[ (fs)]`).
+pub fn blob_dir_of(describe: &str) -> Option<PathBuf> {
+    let (_, rest) = describe.split_once(':')?;
+    let dir = rest.split(" (").next()?.trim();
+    (!dir.is_empty()).then(|| PathBuf::from(dir))
+}
+
+/// The driver if the guest is built and QEMU is installed, else why not (for the 501).
+pub fn driver(aether_path: PathBuf, blob_store: &str) -> Result<Arc<dyn Driver>, String> {
+    let config = MicroVmConfig::from_env(
+        guest_dir(),
+        aether_path,
+        blob_dir_of(blob_store).into_iter().collect(),
+    );
+    config.check_guest()?;
+    let qemu = &config.qemu_binary;
+    let found = if qemu.is_absolute() {
+        qemu.is_file()
+    } else {
+        std::env::var_os("PATH")
+            .map(|p| std::env::split_paths(&p).any(|d| d.join(qemu).is_file()))
+            .unwrap_or(false)
+    };
+    if !found {
+        return Err(format!(
+            "{} is not installed: run scripts/install-deps.sh (qemu-system-x86)",
+            qemu.display()
+        ));
+    }
+    tracing::info!(
+        guest = %config.guest_dir.display(), accel = config.accel.as_str(),
+        machine = config.machine.as_str(), "microVM substrate available"
+    );
+    Ok(Arc::new(MicroVmDriver {
+        inner: Arc::new(MicroVmSubstrate::new(config)),
+    }))
+}
+
+/// [`Driver`] for the microVM substrate.
+pub struct MicroVmDriver {
+    inner: Arc<MicroVmSubstrate>,
+}
+
+struct MicroVmLive {
+    substrate: Arc<MicroVmSubstrate>,
+    sandbox: MicroVmSandbox,
+}
+
+impl Driver for MicroVmDriver {
+    fn kind(&self) -> dsec_wire::api::Substrate {
+        dsec_wire::api::Substrate::Microvm
+    }
+
+    fn create(
+        &self,
+        spec: SandboxSpec,
+    ) -> BoxFut<'_, Result<Box<dyn LiveSandbox>, CreateSandboxError>> {
+        Box::pin(async move {
+            if spec.netns.is_some() {
+                return Err(CreateSandboxError::InvalidSpec(
+                    "network rules are not supported for microVM sandboxes yet (a VM has no network)".into(),
+                ));
+            }
+            let sandbox = self.inner.create(spec).await?;
+            Ok(Box::new(MicroVmLive {
+                substrate: self.inner.clone(),
+                sandbox,
+            }) as Box<dyn LiveSandbox>)
+        })
+    }
+
+    fn reap_orphans(&self, known_live: Vec<String>) -> BoxFut<'_, Vec<String>> {
+        Box::pin(async move { self.inner.reap_orphans(&known_live).await })
+    }
+}
+
+impl LiveSandbox for MicroVmLive {
+    fn id(&self) -> &str {
+        self.sandbox.id()
+    }
+
+    fn aether(&self) -> &AetherClient {
+        self.sandbox.aether()
+    }
+
+    fn pid(&self) -> i32 {
+        self.sandbox.pid()
+    }
+
+    fn usage(&self) -> Usage {
+        self.sandbox.usage()
+    }
+
+    fn destroy(&self) -> BoxFut<'_, Result<(), DestroySandboxError>> {
+        Box::pin(self.substrate.destroy(&self.sandbox))
+    }
+
+    fn exited(&self) -> BoxFut<'_, ()> {
+        Box::pin(async move {
+            tokio::select! {
+                _ = self.sandbox.exited() => {}
+                _ = self.sandbox.aether().closed() => {}
+            }
+        })
+    }
+
+    fn pause(&self, _reclaim_memory: bool) -> BoxFut<'_, Result<PauseReport, PauseError>> {
+        Box::pin(async {
+            Err(PauseError::Task(
+                "pause is not supported for microVM sandboxes yet (snapshot/restore is planned)"
+                    .into(),
+            ))
+        })
+    }
+
+    fn resume(&self) -> BoxFut<'_, Result<(), PauseError>> {
+        Box::pin(async {
+            Err(PauseError::Task(
+                "resume is not supported for microVM sandboxes yet".into(),
+            ))
+        })
+    }
+
+    fn is_paused(&self) -> bool {
+        false
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn blob_dirs_from_store_descriptions() {
+        assert_eq!(
+            blob_dir_of("local:/var/lib/dsec/images/blobs"),
+            Some(PathBuf::from("/var/lib/dsec/images/blobs"))
+        );
+        assert_eq!(
+            blob_dir_of("posix:/mnt/blobs (nfs)"),
+            Some(PathBuf::from("/mnt/blobs"))
+        );
+        assert_eq!(blob_dir_of("nonsense"), None);
+    }
+}

@@ -1,0 +1,129 @@
+#!/bin/sh
+# /init of the dsec microVM guest (busybox). The edge attaches, per image layer i (0 = top-most),
+# a read-only virtio disk with serial dsec-m<i> (EROFS metadata image) and, when the layer keeps
+# its data in a separate blob, one with serial dsec-b<i>. Kernel command line:
+#   dsec.nlayers=N   number of layers
+# The root is an overlay of the layers with a tmpfs upper; aether (prepended to the initramfs by
+# the edge as /dsec-aether, with the sandbox's env in /dsec-env) becomes PID 1 of the new root
+# and talks to the edge over the virtio-serial port named dsec.aether.
+PATH=/bin
+export PATH
+fail() {
+    echo "dsec-init: $*" >&2
+    echo "dsec-init: FAILED" >&2
+    # PID 1 exiting panics the kernel; with panic=-1 and -no-reboot QEMU then exits.
+    exit 1
+}
+mount -t proc proc /proc || fail "mount /proc"
+mount -t sysfs sysfs /sys || fail "mount /sys"
+mount -t devtmpfs devtmpfs /dev || fail "mount /dev"
+# microvm describes its virtio-mmio devices on the kernel command line; insmod (unlike
+# modprobe) does not read module parameters from there, so hand them over.
+mmio=
+for a in $(cat /proc/cmdline); do
+    case $a in
+        virtio_mmio.device=*) mmio="$mmio device=${a#virtio_mmio.device=}" ;;
+    esac
+done
+while read -r m; do
+    case $m in
+        */virtio_mmio.ko) insmod "$m" $mmio || fail "insmod $m" ;;
+        *) insmod "$m" || fail "insmod $m" ;;
+    esac
+done < /modules.order
+
+n=0
+for a in $(cat /proc/cmdline); do
+    case $a in
+        dsec.nlayers=*) n=${a#dsec.nlayers=} ;;
+    esac
+done
+[ "$n" -gt 0 ] 2>/dev/null || fail "no dsec.nlayers= on the kernel command line"
+
+# Disk by serial (the probe order of virtio-mmio devices is not the command line's order).
+find_dev() {
+    for b in /sys/block/vd*; do
+        [ -e "$b/serial" ] || continue
+        if [ "$(cat "$b/serial")" = "$1" ]; then
+            echo "/dev/${b##*/}"
+            return 0
+        fi
+    done
+    return 1
+}
+dev_of() {
+    for t in 1 2 3 4 5 6 7 8 9 10 11 12 13 14 15 16 17 18 19 20 21 22 23 24 25 26 27 28 29 30; do
+        find_dev "$1" && return 0
+        sleep 0.1
+    done
+    return 1
+}
+
+lower=
+i=0
+while [ "$i" -lt "$n" ]; do
+    meta=$(dev_of "dsec-m$i") || fail "no disk with serial dsec-m$i (disks: $(ls /sys/block))"
+    opts=ro
+    # All disks are probed together, so once the metadata disk is there its blob disk is too.
+    if blob=$(find_dev "dsec-b$i"); then
+        opts="ro,device=$blob"
+    fi
+    mkdir -p "/layers/$i"
+    mount -t erofs -o "$opts" "$meta" "/layers/$i" || fail "mount layer $i ($meta, $opts)"
+    lower=${lower:+$lower:}/layers/$i
+    i=$((i + 1))
+done
+
+# The port's name arrives from the host over the control queue, shortly after the probe.
+port=
+for t in 1 2 3 4 5 6 7 8 9 10 11 12 13 14 15 16 17 18 19 20 21 22 23 24 25 26 27 28 29 30; do
+    for p in /sys/class/virtio-ports/*; do
+        [ "$(cat "$p/name" 2>/dev/null)" = dsec.aether ] && port=/dev/${p##*/}
+    done
+    [ -n "$port" ] && break
+    sleep 0.1
+done
+[ -n "$port" ] || fail "no virtio-serial port named dsec.aether"
+for t in $(seq 1 50); do
+    [ -c "$port" ] && break
+    sleep 0.05
+done
+[ -c "$port" ] || fail "$port is not a character device"
+exec 3<>"$port" || fail "open $port"
+# A read of a virtio-serial port whose host side is not (yet) connected returns EOF at once,
+# which aether would take for the end of its channel. The edge sends one sync byte as soon as
+# QEMU connected (`S`); wait until it arrives (a read blocks once the host side is open).
+synced=
+for t in $(seq 1 300); do
+    if [ -n "$(dd bs=1 count=1 <&3 2>/dev/null)" ]; then
+        synced=1
+        break
+    fi
+    sleep 0.05
+done
+[ -n "$synced" ] || fail "the host never connected to $port"
+
+mount -t tmpfs -o mode=0755 rw /rw || fail "mount tmpfs upper"
+mkdir -p /rw/upper /rw/work
+mount -t overlay -o "lowerdir=$lower,upperdir=/rw/upper,workdir=/rw/work" overlay /newroot \
+    || fail "mount overlay"
+for d in proc sys dev tmp run .dsec; do
+    mkdir -p "/newroot/$d"
+done
+mount --move /proc /newroot/proc
+mount --move /sys /newroot/sys
+mount --move /dev /newroot/dev
+mount -t tmpfs -o mode=1777 tmp /newroot/tmp
+mount -t tmpfs -o mode=0755 run /newroot/run
+mkdir -p /newroot/dev/pts /newroot/dev/shm
+mount -t devpts -o newinstance,ptmxmode=0666 devpts /newroot/dev/pts
+ln -sf pts/ptmx /newroot/dev/ptmx 2>/dev/null
+mount -t tmpfs -o mode=1777 shm /newroot/dev/shm
+mount -t tmpfs -o mode=0755 dsec /newroot/.dsec
+cp /dsec-aether /newroot/.dsec/aether || fail "no /dsec-aether in the initramfs"
+chmod 0755 /newroot/.dsec/aether
+[ -f /dsec-hostname ] && hostname "$(cat /dsec-hostname)"
+[ -f /dsec-env ] && . /dsec-env
+
+echo "dsec-init: root ready, starting aether on $port"
+exec switch_root /newroot /.dsec/aether --mode bare --fd 3
