@@ -27,13 +27,15 @@ PY = "print(sum(range(100)))"
 CPP = "#include <iostream>\nint main(){long s=0;for(int i=0;i<100;i++)s+=i;std::cout<<s<<std::endl;}"
 
 
-async def latency(c, n, **body):
+async def latency(c, n, keep=None, **body):
     out = []
     for _ in range(n):
         t = time.perf_counter()
         r = await c.call_function(**body)
         out.append((time.perf_counter() - t) * 1000)
         assert r.status == "ok" and r.stdout.strip() == "4950", r
+        if keep is not None:
+            keep.append(r)
     return out
 
 
@@ -111,8 +113,17 @@ async def main():
     async with DSecClient() as c:
         await latency(c, 20, language="python", code=PY)  # warm the pool
         rows, data = [], {}
-        warm = await latency(c, a.n, language="python", code=PY)
+        warm_res = []
+        warm = await latency(c, a.n, language="python", code=PY, keep=warm_res)
         rows.append(summary("warm python, sequential (HTTP end to end)", warm))
+        # where the time goes: the worker's own fork+run, and the HTTP round trip alone
+        rows.append(summary("  of which: the forked run in the worker", [r.wall_ms for r in warm_res]))
+        floor = []
+        for _ in range(a.n):
+            t = time.perf_counter()
+            await c.function_pools()
+            floor.append((time.perf_counter() - t) * 1000)
+        rows.append(summary("  HTTP floor: GET /v1/functions/pools", floor))
         rate, lat = await throughput(c, a.n * 4, a.conc, language="python", code=PY)
         rows.append(summary(f"warm python, {a.conc} concurrent", lat))
         data["warm_python_calls_per_s"] = round(rate, 1)
