@@ -282,6 +282,13 @@ impl MicroVmSubstrate {
                 spec.user
             )));
         }
+        if !spec.env.is_empty() {
+            // aether in bare mode starts commands with an empty base environment; the guest's
+            // /init exports /dsec-env, but aether does not pass it on yet.
+            return Err(CreateSandboxError::InvalidSpec(
+                "env: sandbox-wide environment variables are not supported for microVM sandboxes yet; pass env per command".into(),
+            ));
+        }
         self.config
             .check_guest()
             .map_err(CreateSandboxError::InvalidSpec)?;
