@@ -33,6 +33,19 @@ pub enum DbError {
 }
 
 impl DbError {
+    /// The connection to the server broke (I/O error, closed, connection exception `08…`, or
+    /// the server ended the session `57P0…`): the connection must be replaced. The failed
+    /// transaction is not run again (its commit may have reached the server).
+    pub fn is_connection_lost(&self) -> bool {
+        match self {
+            DbError::Pg(e) => match e.code() {
+                None => true,
+                Some(c) => c.code().starts_with("08") || c.code().starts_with("57P0"),
+            },
+            _ => false,
+        }
+    }
+
     /// A transient conflict between concurrent transactions (PostgreSQL deadlock,
     /// serialization failure, or a unique key taken by a concurrent insert; SQLite busy):
     /// running the transaction again is safe and expected to succeed.
@@ -264,7 +277,16 @@ impl Db {
                 tracing::warn!(db = %self.target.describe(), "IAM database connection lost; reconnecting");
                 *guard = self.target.connect()?;
             }
-            f(&mut guard)
+            let r = f(&mut guard);
+            if let Err(e) = &r {
+                if e.is_connection_lost() {
+                    tracing::warn!(db = %self.target.describe(), error = %e, "IAM database connection lost; reconnecting");
+                    if let Ok(c) = self.target.connect() {
+                        *guard = c;
+                    }
+                }
+            }
+            r
         };
         match self.target {
             Target::Sqlite(_) => run(),

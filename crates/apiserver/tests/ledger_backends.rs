@@ -347,6 +347,35 @@ async fn ledger_on_postgres() {
     };
     let url = srv.create_db("ledger_test");
     exercise(Target::parse(&url)).await;
+
+    // Connections lost (server restart, network): the next call after the failed one works.
+    let url = srv.create_db("reconnect_test");
+    let db = Db::connect(Target::parse(&url)).unwrap();
+    db.bootstrap().unwrap();
+    let l = Ledger::open(&db).unwrap();
+    assert_eq!(
+        l.reserve(res("default", None)).await.unwrap(),
+        Reserved::New
+    );
+    let admin_url = format!("postgres://dsec@127.0.0.1:{}/postgres", srv.port);
+    std::thread::spawn(move || {
+        let mut c = postgres::Client::connect(&admin_url, postgres::NoTls).expect("connect");
+        c.batch_execute(
+            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity
+             WHERE datname = 'reconnect_test' AND pid <> pg_backend_pid()",
+        )
+        .expect("terminate");
+    })
+    .join()
+    .unwrap();
+    let _ = l.reserve(res("default", None)).await; // may fail: the connection is gone
+    let _ = admin::list_projects(&db).await;
+    assert_eq!(
+        l.reserve(res("default", None)).await.unwrap(),
+        Reserved::New
+    );
+    let list = admin::list_projects(&db).await.unwrap();
+    assert!(list.projects.iter().any(|p| p.name == "default"));
     drop(srv);
 }
 

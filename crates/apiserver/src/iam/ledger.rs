@@ -179,6 +179,7 @@ const MAX_RETRIES: u32 = 20;
 fn writer(mut conn: Conn, target: &crate::store::Target, rx: mpsc::Receiver<Op>) {
     // Projects are never re-parented or deleted, so a project's ancestor chain can be kept.
     let mut chains: HashMap<String, Vec<String>> = HashMap::new();
+    let mut lost = false;
     while let Ok(first) = rx.recv() {
         let mut batch = vec![first];
         while batch.len() < MAX_BATCH {
@@ -189,14 +190,21 @@ fn writer(mut conn: Conn, target: &crate::store::Target, rx: mpsc::Receiver<Op>)
         }
         let mut attempt = 0;
         let result = loop {
-            if conn.is_broken() {
+            if lost || conn.is_broken() {
                 tracing::warn!(db = %target.describe(), "quota ledger connection lost; reconnecting");
                 match target.connect() {
-                    Ok(c) => conn = c,
+                    Ok(c) => {
+                        conn = c;
+                        lost = false;
+                    }
                     Err(e) => break Err(e),
                 }
             }
             match apply_batch(&mut conn, &batch, &mut chains) {
+                Err(e) if e.is_connection_lost() => {
+                    lost = true;
+                    break Err(e);
+                }
                 Err(e) if e.is_retryable() && attempt < MAX_RETRIES => {
                     attempt += 1;
                     tracing::debug!(error = %e, attempt, "quota ledger batch lost a race; again");
