@@ -39,6 +39,11 @@ def test_python_call(client, warm):
     assert r.stdout == "ABC ['x', 'y']\n", r
     r = call(client, "bash", "cat data/in.txt; echo $FOO", files={"data/in.txt": "hello\n"}, env={"FOO": "bar"})
     assert r.status == "ok" and r.stdout == "hello\nbar\n", r
+    r = call(client, "python", "x = 1\nprint(x / 0)")
+    assert r.status == "runtime_error" and r.exit_code == 1, r
+    # the traceback is the program's own, as from a plain interpreter (no fork-server frames)
+    assert r.stderr.startswith("Traceback") and 'File "main.py", line 2' in r.stderr, r
+    assert "ZeroDivisionError" in r.stderr and "<string>" not in r.stderr, r
 
 
 def test_isolation_between_consecutive_calls_on_one_worker(client, warm):

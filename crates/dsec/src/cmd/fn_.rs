@@ -43,6 +43,14 @@ pub struct RunArgs {
     pub json: bool,
 }
 
+/// The wire name of a status (`compile_error`, ...), as the API and the SDK spell it.
+fn status_name(s: FunctionStatus) -> String {
+    serde_json::to_value(s)
+        .ok()
+        .and_then(|v| v.as_str().map(str::to_string))
+        .unwrap_or_else(|| format!("{s:?}"))
+}
+
 fn read(p: &Path) -> anyhow::Result<String> {
     if p == Path::new("-") {
         let mut s = String::new();
@@ -128,8 +136,8 @@ pub async fn run(g: &Global, c: FnCommand) -> anyhow::Result<()> {
                 print!("{}", r.run.stdout);
                 eprint!("{}", r.run.stderr);
                 eprintln!(
-                    "[{:?} exit {} wall {:.1} ms cpu {:.1} ms peak {:.1} MiB worker {}]",
-                    r.run.status,
+                    "[{} exit {} wall {:.1} ms cpu {:.1} ms peak {:.1} MiB worker {}]",
+                    status_name(r.run.status),
                     r.run.exit_code,
                     r.run.wall_ms,
                     r.run.cpu_ms,
@@ -138,7 +146,10 @@ pub async fn run(g: &Global, c: FnCommand) -> anyhow::Result<()> {
                 );
             }
             if r.run.status != FunctionStatus::Ok {
-                anyhow::bail!("the function ended with status {:?}", r.run.status);
+                anyhow::bail!(
+                    "the function ended with status {}",
+                    status_name(r.run.status)
+                );
             }
             Ok(())
         }

@@ -162,8 +162,10 @@ def child(run, env, stdin_fd, out_fd, err_fd, scratch, cpu_ms, fsize):
                 else:
                     sys.stderr.write(str(c) + "\n")
                     code = 1
-            except BaseException:
-                traceback.print_exc()
+            except BaseException as e:
+                # The traceback starts at the program, as with a plain interpreter.
+                tb = e.__traceback__.tb_next if e.__traceback__ is not None else None
+                traceback.print_exception(type(e), e, tb)
                 code = 1
             try:
                 sys.stdout.flush()
