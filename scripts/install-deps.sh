@@ -4,7 +4,7 @@ set -euo pipefail
 
 PKGS=(erofs-utils busybox-static debootstrap runc bubblewrap nftables iproute2 sqlite3
       libseccomp-dev python3 python3-pip python3-venv ca-certificates procps psmisc hyperfine
-      sshfs openssh-server docker-registry skopeo qemu-system-x86 kmod cpio file)
+      sshfs openssh-server docker-registry skopeo qemu-system-x86 kmod cpio file binutils)
 
 # Sandbox disk limits (mkfs.ext4, loop mounts) and networking (ip, nft) in issue 8.
 PKGS+=(e2fsprogs mount util-linux)

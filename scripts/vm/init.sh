@@ -7,6 +7,11 @@
 # the edge as /dsec-aether, with the sandbox's env in /dsec-env) becomes PID 1 of the new root
 # and talks to the edge over the virtio-serial port named dsec.aether.
 PATH=/bin
+# Stage timestamps (guest uptime) on the serial console: <sandbox dir>/vm/console.log.
+t() {
+    u=$(cut -d" " -f1 /proc/uptime 2>/dev/null || cut -d" " -f1 /newroot/proc/uptime 2>/dev/null)
+    echo "dsec-init: $u $*"
+}
 export PATH
 fail() {
     echo "dsec-init: $*" >&2
@@ -32,6 +37,7 @@ while read -r m; do
     esac
 done < /modules.order
 
+t modules-loaded
 n=0
 for a in $(cat /proc/cmdline); do
     case $a in
@@ -52,9 +58,9 @@ find_dev() {
     return 1
 }
 dev_of() {
-    for t in 1 2 3 4 5 6 7 8 9 10 11 12 13 14 15 16 17 18 19 20 21 22 23 24 25 26 27 28 29 30; do
+    for t in $(seq 1 1000); do
         find_dev "$1" && return 0
-        sleep 0.1
+        sleep 0.01
     done
     return 1
 }
@@ -75,20 +81,22 @@ while [ "$i" -lt "$n" ]; do
 done
 
 # The port's name arrives from the host over the control queue, shortly after the probe.
+t layers-mounted
 port=
-for t in 1 2 3 4 5 6 7 8 9 10 11 12 13 14 15 16 17 18 19 20 21 22 23 24 25 26 27 28 29 30; do
+for t in $(seq 1 1000); do
     for p in /sys/class/virtio-ports/*; do
         [ "$(cat "$p/name" 2>/dev/null)" = dsec.aether ] && port=/dev/${p##*/}
     done
     [ -n "$port" ] && break
-    sleep 0.1
+    sleep 0.01
 done
 [ -n "$port" ] || fail "no virtio-serial port named dsec.aether"
 for t in $(seq 1 50); do
     [ -c "$port" ] && break
-    sleep 0.05
+    sleep 0.01
 done
 [ -c "$port" ] || fail "$port is not a character device"
+t port-found
 exec 3<>"$port" || fail "open $port"
 # A read of a virtio-serial port whose host side is not (yet) connected returns EOF at once,
 # which aether would take for the end of its channel. The edge sends one sync byte as soon as
@@ -99,10 +107,11 @@ for t in $(seq 1 300); do
         synced=1
         break
     fi
-    sleep 0.05
+    sleep 0.01
 done
 [ -n "$synced" ] || fail "the host never connected to $port"
 
+t synced
 mount -t tmpfs -o mode=0755 rw /rw || fail "mount tmpfs upper"
 mkdir -p /rw/upper /rw/work
 mount -t overlay -o "lowerdir=$lower,upperdir=/rw/upper,workdir=/rw/work" overlay /newroot \
@@ -125,5 +134,5 @@ chmod 0755 /newroot/.dsec/aether
 [ -f /dsec-hostname ] && hostname "$(cat /dsec-hostname)"
 [ -f /dsec-env ] && . /dsec-env
 
-echo "dsec-init: root ready, starting aether on $port"
+t "root ready, starting aether on $port"
 exec switch_root /newroot /.dsec/aether --mode bare --fd 3

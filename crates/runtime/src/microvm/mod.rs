@@ -18,7 +18,8 @@ pub mod qemu;
 use std::io;
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
-use std::time::Duration;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, SystemTime};
 
 use tokio::sync::watch;
 
@@ -88,7 +89,12 @@ impl MicroVmConfig {
 #[derive(Debug, Clone)]
 pub struct MicroVmSubstrate {
     config: MicroVmConfig,
+    /// The aether binary as put into guests (stripped of debug info when `strip` exists: it
+    /// is unpacked and copied in every boot), keyed by the source's size and mtime.
+    aether_cache: Arc<Mutex<AetherCache>>,
 }
+
+type AetherCache = Option<(u64, SystemTime, Arc<Vec<u8>>)>;
 
 /// One running guest.
 pub struct MicroVmSandbox {
@@ -225,7 +231,50 @@ fn console_tail(vm_dir: &Path) -> String {
 
 impl MicroVmSubstrate {
     pub fn new(config: MicroVmConfig) -> Self {
-        MicroVmSubstrate { config }
+        MicroVmSubstrate {
+            config,
+            aether_cache: Arc::new(Mutex::new(None)),
+        }
+    }
+
+    /// The aether binary for guests: stripped once per build of it (falls back to the binary
+    /// as it is when `strip` is missing or fails).
+    async fn guest_aether(&self, scratch: &Path) -> io::Result<Arc<Vec<u8>>> {
+        let src = &self.config.aether_path;
+        let meta = tokio::fs::metadata(src)
+            .await
+            .map_err(|e| io::Error::new(e.kind(), format!("aether {}: {e}", src.display())))?;
+        let key = (meta.len(), meta.modified()?);
+        if let Some((len, mtime, bytes)) =
+            &*self.aether_cache.lock().unwrap_or_else(|p| p.into_inner())
+        {
+            if (*len, *mtime) == key {
+                return Ok(bytes.clone());
+            }
+        }
+        let stripped = scratch.join("aether.stripped");
+        let ok = tokio::process::Command::new("strip")
+            .arg("-o")
+            .arg(&stripped)
+            .arg(src)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .status()
+            .await
+            .map(|s| s.success())
+            .unwrap_or(false);
+        let bytes = if ok {
+            tokio::fs::read(&stripped).await?
+        } else {
+            tracing::warn!(aether = %src.display(), "strip failed; guests get the unstripped aether");
+            tokio::fs::read(src).await?
+        };
+        let _ = tokio::fs::remove_file(&stripped).await;
+        let bytes = Arc::new(bytes);
+        *self.aether_cache.lock().unwrap_or_else(|p| p.into_inner()) =
+            Some((key.0, key.1, bytes.clone()));
+        Ok(bytes)
     }
 
     pub fn config(&self) -> &MicroVmConfig {
@@ -234,14 +283,7 @@ impl MicroVmSubstrate {
 
     /// Writes `<vm_dir>/initrd.img`: a cpio with aether, env and hostname, then the base one.
     async fn write_initrd(&self, spec: &SandboxSpec, vm_dir: &Path) -> io::Result<PathBuf> {
-        let aether = tokio::fs::read(&self.config.aether_path)
-            .await
-            .map_err(|e| {
-                io::Error::new(
-                    e.kind(),
-                    format!("read aether {}: {e}", self.config.aether_path.display()),
-                )
-            })?;
+        let aether = self.guest_aether(vm_dir).await?;
         let base = tokio::fs::read(self.config.guest_dir.join("initrd.img")).await?;
         let mut env = String::new();
         for (k, v) in &spec.env {
