@@ -665,7 +665,8 @@ impl Client {
     ) -> Result<Vec<dsec_wire::api::TrajectoryRecord>> {
         let mut url = self.sandbox_url(id, &["trajectory"])?;
         if !query.is_empty() {
-            url.query_pairs_mut().extend_pairs(query.iter().map(|(k, v)| (*k, v.as_str())));
+            url.query_pairs_mut()
+                .extend_pairs(query.iter().map(|(k, v)| (*k, v.as_str())));
         }
         let resp = check(self.send(self.request(Method::GET, url.clone())).await?).await?;
         let text = resp.text().await.map_err(|e| transport(&url, e))?;

@@ -116,7 +116,14 @@ pub async fn ps(c: &Client, a: PsArgs) -> anyhow::Result<()> {
         "{}",
         crate::table::render(
             &[
-                "ID", "STATE", "IMAGE", "NODE", "MEMORY", "CPUS", "IDLE/TTL", "TTL_TOTAL",
+                "ID",
+                "STATE",
+                "IMAGE",
+                "NODE",
+                "MEMORY",
+                "CPUS",
+                "IDLE/TTL",
+                "TTL_TOTAL",
                 "CREATED"
             ],
             &rows

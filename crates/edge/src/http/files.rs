@@ -131,9 +131,6 @@ pub async fn mkdir(
     ApiQuery(q): ApiQuery<MkdirQuery>,
 ) -> Result<Response, EdgeError> {
     let mode = parse_mode(q.mode.as_deref().unwrap_or("0755"))?;
-    let (info, replayed) = s
-        .mgr
-        .mkdir(&id, &q.path, (mode, q.parents), q.step)
-        .await?;
+    let (info, replayed) = s.mgr.mkdir(&id, &q.path, (mode, q.parents), q.step).await?;
     Ok(replayed_flag(Json(info), replayed))
 }

@@ -151,7 +151,10 @@ impl ContainerSubstrate {
         let (ours, theirs) = std::os::unix::net::UnixStream::pair()
             .map_err(|e| (CreateSandboxError::Spawn(e), None))?;
         let listener = if self.reattach_grace_ms > 0 {
-            Some(adopt::bind_listener(&spec.dir).map_err(|e| (CreateSandboxError::Spawn(e), None))?)
+            Some(
+                adopt::bind_listener(&spec.dir)
+                    .map_err(|e| (CreateSandboxError::Spawn(e), None))?,
+            )
         } else {
             None
         };
