@@ -253,7 +253,7 @@ async fn edge_http_end_to_end() {
     assert!(msg.contains("memroy"), "{msg}");
     let r = api
         .post("/edge/v1/sandboxes")
-        .json(&json!({"image": "busybox", "substrate": "microvm"}))
+        .json(&json!({"image": "busybox", "substrate": "vm"}))
         .send()
         .await
         .unwrap();
@@ -833,12 +833,19 @@ async fn edge_http_end_to_end() {
     assert_eq!(edge2.reaped(), std::slice::from_ref(&ghost));
     assert!(!gdir.exists());
     assert_eq!(edge2.token(), api.token, "the generated token is kept");
+    // A recorded sandbox that could not be re-adopted is reported, not forgotten.
     let r = api2
         .get(&format!("/edge/v1/sandboxes/{ghost}"))
         .send()
         .await
         .unwrap();
-    expect_error(r, 404, "sandbox_not_found").await;
+    assert_eq!(r.status(), 200);
+    let gone: SandboxInfo = r.json().await.unwrap();
+    assert_eq!(gone.state, SandboxState::Failed, "{gone:?}");
+    assert!(
+        gone.reason.as_deref().is_some_and(|m| !m.is_empty()),
+        "{gone:?}"
+    );
 
     // --- idempotency and admission (capacity 1) ---
     let body = json!({"image": "busybox", "memory_limit_mb": 64, "idempotency_key": "k1"});
