@@ -52,7 +52,10 @@ def test_design_example_stored_settings(api_env, debian):
     assert info.memory_limit_mb == 512
     assert info.ttl_running_stop == 300
     assert info.network_rules == {"npm": False, "pypi": True}
-    assert info.labels == {"job": "e2e"}
+    # `dsec.`-prefixed labels are the platform's own (project, quota reservation), shown but
+    # reserved; the caller's labels come back exactly.
+    user_labels = {k: v for k, v in info.labels.items() if not k.startswith("dsec.")}
+    assert user_labels == {"job": "e2e"}, info.labels
     assert sandbox.id in listed
     assert r.exit_code == 0 and r.stdout.strip().startswith("12")
     assert sandbox.info.state == "stopped"
@@ -68,3 +71,9 @@ def test_sync_client(api_env):
             assert [e.type for e in sandbox.stream_shell("echo a")][-1] == "exit"
             assert "busybox" in " ".join(i.name for i in client.list_images())
         assert sandbox.info.state == "stopped"
+
+
+def test_reserved_label_prefix_is_refused(client):
+    with pytest.raises(dsec.BadRequest) as e:
+        client.run_container(DSecContainerRunArgs(container_image="busybox", labels={"dsec.project": "other"}))
+    assert "reserved" in str(e.value)

@@ -42,6 +42,11 @@ pub async fn create(
 ) -> Result<Response, ApiError> {
     let mut req: CreateSandboxRequest = serde_json::from_slice(&body)
         .map_err(|e| ApiError::BadRequest(format!("invalid create request: {e}")))?;
+    if let Some(k) = req.labels.keys().find(|k| k.starts_with("dsec.")) {
+        return Err(ApiError::BadRequest(format!(
+            "label {k:?}: the `dsec.` prefix is reserved for the platform's own labels; rename it"
+        )));
+    }
     let cfg = &st.config;
     let project = req
         .project
