@@ -12,7 +12,7 @@ TASKS = [
     ("python", "python3 -c 'import sys, platform; print(platform.python_version(), sys.platform)'"),
     ("git", "cd /tmp && git init -q repo && cd repo && echo hi > a && git add a "
             "&& git -c user.name=demo -c user.email=demo@example.test commit -qm init && git log --oneline"),
-    ("gcc", "printf '#include <stdio.h>\\nint main(){printf(\"%d\\\\n\", 6*7);}' > /tmp/m.c "
+    ("gcc", "printf '#include <stdio.h>\\nint main(){printf(\"%%d\\\\n\", 6*7);}\\n' > /tmp/m.c "
             "&& gcc -O2 -o /tmp/m /tmp/m.c && /tmp/m"),
     ("state", "cd /tmp && export GREETING=hello"),
 ]
@@ -29,10 +29,11 @@ async def one(client: DSecClient, name: str, cmd: str) -> None:
         result = await sandbox.run_shell(cmd)
         if name == "state":  # the shell keeps cwd and exported variables between calls
             result = await sandbox.run_shell('echo "$GREETING from $(pwd) on $(hostname)"')
-        whoami = await sandbox.run_shell("ps -e -o pid,comm | head -5 | tr '\\n' ';'")
+        whoami = await sandbox.run_shell(
+            "for p in /proc/[0-9]*; do printf '%s=%s ' ${p#/proc/} $(cat $p/comm); done")
         print(f"[{sandbox.id}] {name:6} create {1000 * (ready - t0):6.1f} ms  exit {result.exit_code}  "
               f"{result.stdout.strip()!r}")
-        print(f"[{sandbox.id}]        processes inside: {whoami.stdout.strip()}")
+        print(f"[{sandbox.id}]        processes visible inside (aether, PID 1, is hidden): {whoami.stdout.strip()}")
     finally:
         await sandbox.stop()
 
