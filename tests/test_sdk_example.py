@@ -73,7 +73,12 @@ def test_sync_client(api_env):
         assert sandbox.info.state == "stopped"
 
 
-def test_reserved_label_prefix_is_refused(client):
-    with pytest.raises(dsec.BadRequest) as e:
-        client.run_container(DSecContainerRunArgs(container_image="busybox", labels={"dsec.project": "other"}))
-    assert "reserved" in str(e.value)
+def test_reserved_label_prefix_cannot_be_forged(client):
+    sb = client.run_container(DSecContainerRunArgs(
+        container_image="busybox", labels={"dsec.project": "someone-else", "job": "x"}))
+    try:
+        labels = sb.info.labels
+        assert labels["job"] == "x"
+        assert labels["dsec.project"] != "someone-else", labels
+    finally:
+        sb.stop()

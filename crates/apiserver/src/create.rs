@@ -42,11 +42,9 @@ pub async fn create(
 ) -> Result<Response, ApiError> {
     let mut req: CreateSandboxRequest = serde_json::from_slice(&body)
         .map_err(|e| ApiError::BadRequest(format!("invalid create request: {e}")))?;
-    if let Some(k) = req.labels.keys().find(|k| k.starts_with("dsec.")) {
-        return Err(ApiError::BadRequest(format!(
-            "label {k:?}: the `dsec.` prefix is reserved for the platform's own labels; rename it"
-        )));
-    }
+    // The `dsec.` label prefix is the platform's: a caller's values (e.g. copied from another
+    // sandbox's info, as `dsec replay` does) are dropped and replaced below, never trusted.
+    req.labels.retain(|k, _| !k.starts_with("dsec."));
     let cfg = &st.config;
     let project = req
         .project
