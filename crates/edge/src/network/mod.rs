@@ -653,6 +653,32 @@ async fn blocking<T: Send + 'static>(
         })?
 }
 
+/// Runs `tool args…` with `input` on its standard input (`ip -batch -`, `nft -f -`); a failure
+/// becomes [`NetError::Tool`] carrying the tool's stderr.
+fn run_fed(tool: &'static str, args: &[&str], input: &str) -> Result<(), NetError> {
+    use std::io::Write as _;
+    use std::process::{Command, Stdio};
+    let err = |message: String| NetError::Tool { tool, message };
+    let mut child = Command::new(tool)
+        .args(args)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .map_err(|e| err(e.to_string()))?;
+    if let Some(mut stdin) = child.stdin.take() {
+        stdin
+            .write_all(input.as_bytes())
+            .map_err(|e| err(e.to_string()))?;
+    }
+    let out = child.wait_with_output().map_err(|e| err(e.to_string()))?;
+    if out.status.success() {
+        Ok(())
+    } else {
+        Err(err(String::from_utf8_lossy(&out.stderr).trim().to_string()))
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

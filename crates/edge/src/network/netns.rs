@@ -9,7 +9,6 @@
 //! and `fe80::1` (v6, the host end's link-local address).
 
 use std::collections::BTreeSet;
-use std::io::Write as _;
 use std::net::{Ipv4Addr, Ipv6Addr};
 use std::os::fd::OwnedFd;
 use std::process::{Command, Stdio};
@@ -87,43 +86,23 @@ impl Allocator {
 
 /// Runs `ip [-n ns] -batch -` with `lines`.
 fn ip_batch(ns: Option<&str>, lines: &str) -> Result<(), NetError> {
-    let mut cmd = Command::new("ip");
+    let mut args = Vec::new();
     if let Some(ns) = ns {
-        cmd.args(["-n", ns]);
+        args.extend(["-n", ns]);
     }
-    let mut child = cmd
-        .args(["-batch", "-"])
-        .stdin(Stdio::piped())
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .map_err(|e| NetError::Tool {
-            tool: "ip",
-            message: e.to_string(),
-        })?;
-    if let Some(mut stdin) = child.stdin.take() {
-        stdin
-            .write_all(lines.as_bytes())
-            .map_err(|e| NetError::Tool {
-                tool: "ip",
-                message: e.to_string(),
-            })?;
-    }
-    let out = child.wait_with_output().map_err(|e| NetError::Tool {
-        tool: "ip",
-        message: e.to_string(),
-    })?;
-    if out.status.success() {
-        Ok(())
-    } else {
-        Err(NetError::Tool {
-            tool: "ip",
-            message: format!(
-                "{} (commands: {})",
-                String::from_utf8_lossy(&out.stderr).trim(),
-                lines.replace('\n', "; ")
-            ),
-        })
+    args.extend(["-batch", "-"]);
+    super::run_fed("ip", &args, lines)
+        .map_err(|e| with_context(e, format!("(commands: {})", lines.replace('\n', "; "))))
+}
+
+/// Appends `ctx` to a tool error's message.
+fn with_context(e: NetError, ctx: String) -> NetError {
+    match e {
+        NetError::Tool { tool, message } => NetError::Tool {
+            tool,
+            message: format!("{message} {ctx}"),
+        },
+        other => other,
     }
 }
 

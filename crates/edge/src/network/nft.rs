@@ -11,7 +11,6 @@
 //! to the next packet of a new connection.
 
 use std::fmt::Write as _;
-use std::io::Write as _;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 use std::process::{Command, Stdio};
 use std::time::Duration;
@@ -291,39 +290,13 @@ pub fn grant_script(b: &Base, key: &str, addr: IpAddr, ports: &[u16], ttl: Durat
 
 /// Runs `nft -f -` with `script` as one transaction.
 pub fn apply(script: &str) -> Result<(), NetError> {
-    let mut child = Command::new("nft")
-        .args(["-f", "-"])
-        .stdin(Stdio::piped())
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .map_err(|e| NetError::Tool {
-            tool: "nft",
-            message: e.to_string(),
-        })?;
-    if let Some(mut stdin) = child.stdin.take() {
-        stdin
-            .write_all(script.as_bytes())
-            .map_err(|e| NetError::Tool {
-                tool: "nft",
-                message: e.to_string(),
-            })?;
-    }
-    let out = child.wait_with_output().map_err(|e| NetError::Tool {
-        tool: "nft",
-        message: e.to_string(),
-    })?;
-    if out.status.success() {
-        Ok(())
-    } else {
-        Err(NetError::Tool {
-            tool: "nft",
-            message: format!(
-                "{}\nscript:\n{script}",
-                String::from_utf8_lossy(&out.stderr).trim()
-            ),
-        })
-    }
+    super::run_fed("nft", &["-f", "-"], script).map_err(|e| match e {
+        NetError::Tool { tool, message } => NetError::Tool {
+            tool,
+            message: format!("{message}\nscript:\n{script}"),
+        },
+        other => other,
+    })
 }
 
 /// Packets counted by the sandbox's `denied` counter.
