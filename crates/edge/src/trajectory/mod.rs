@@ -403,6 +403,9 @@ pub struct Trajectories {
     logs: Mutex<HashMap<String, Arc<SandboxLog>>>,
     /// Torn bytes cut when logs were opened (reported by tests and metrics).
     cut_bytes: std::sync::atomic::AtomicU64,
+    /// Signalled by every append under the batch policy: the group commit runs only when
+    /// something was written, instead of waking every interval on an idle node.
+    written: Arc<tokio::sync::Notify>,
 }
 
 /// A call's request as recorded: the serialized request without `step` and `stream`.
@@ -427,6 +430,7 @@ impl Trajectories {
             blobs,
             logs: Mutex::new(HashMap::new()),
             cut_bytes: std::sync::atomic::AtomicU64::new(0),
+            written: Arc::new(tokio::sync::Notify::new()),
         }
     }
 
@@ -519,6 +523,10 @@ impl Trajectories {
         outcome: Result<Outcome, ErrorDetail>,
     ) -> Result<(TrajectoryRecord, Position), EdgeError> {
         let sync = self.cfg.fsync == FsyncPolicy::Always;
+        if self.cfg.fsync == FsyncPolicy::Batch {
+            // A stored permit if the committer is busy: this append is synced by the next round.
+            self.written.notify_one();
+        }
         let mut rec = TrajectoryRecord {
             seq: 0,
             step,
@@ -822,24 +830,35 @@ impl Trajectories {
         removed
     }
 
-    /// The background task: group commit (batch policy) and the retention reaper.
+    /// The background task: group commit (batch policy) and the retention reaper. The commit
+    /// waits for an append, then for the group window, then syncs what is pending.
     pub fn spawn_background(self: &Arc<Self>) -> tokio::task::JoinHandle<()> {
         let weak = Arc::downgrade(self);
-        let tick = match self.cfg.fsync {
-            FsyncPolicy::Batch => Duration::from_millis(self.cfg.fsync_interval_ms),
-            _ => Duration::from_secs(60),
-        };
+        let window = Duration::from_millis(self.cfg.fsync_interval_ms);
+        let batch = self.cfg.fsync == FsyncPolicy::Batch;
+        let written = self.written.clone();
+        const REAP_EVERY: Duration = Duration::from_secs(3600);
         tokio::spawn(async move {
-            let mut last_reap: Option<std::time::Instant> = None;
+            // Logs past retention are removed at start, then every REAP_EVERY.
+            if let Some(t) = weak.upgrade() {
+                let _ = tokio::task::spawn_blocking(move || t.reap()).await;
+            }
+            let mut last_reap = std::time::Instant::now();
             loop {
-                tokio::time::sleep(tick).await;
+                let appended = tokio::select! {
+                    _ = written.notified(), if batch => true,
+                    _ = tokio::time::sleep(REAP_EVERY) => false,
+                };
+                if appended {
+                    tokio::time::sleep(window).await;
+                }
                 let Some(t) = weak.upgrade() else { return };
-                if t.cfg.fsync == FsyncPolicy::Batch {
+                if appended {
                     let t2 = t.clone();
                     let _ = tokio::task::spawn_blocking(move || t2.sync_all()).await;
                 }
-                if last_reap.is_none_or(|l| l.elapsed() > Duration::from_secs(3600)) {
-                    last_reap = Some(std::time::Instant::now());
+                if last_reap.elapsed() > REAP_EVERY {
+                    last_reap = std::time::Instant::now();
                     let t2 = t.clone();
                     let _ = tokio::task::spawn_blocking(move || t2.reap()).await;
                 }
