@@ -123,6 +123,23 @@ pub struct CreateSandboxRequest {
     /// Read by the apiserver only.
     #[serde(default)]
     pub overflow_eligible: Option<bool>,
+    /// CPU/memory QoS class (default: the project's, else the edge's `qos.default_class`).
+    #[serde(default)]
+    pub qos: Option<QosClass>,
+}
+
+/// Quality-of-service class of a sandbox (DESIGN.md §7).
+///
+/// `latency_sensitive` sandboxes are protected: normal CPU weight, a core-scheduling cookie where
+/// the kernel has one, never reclaimed or paused under node memory pressure. `best_effort`
+/// sandboxes run with SCHED_IDLE and the lowest CPU weight, and are the first whose cold memory
+/// is reclaimed and the first paused when the node runs short.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, Default)]
+#[serde(rename_all = "snake_case")]
+pub enum QosClass {
+    #[default]
+    LatencySensitive,
+    BestEffort,
 }
 
 /// What the idle TTL (`ttl_running_stop`) does when it fires.
@@ -187,6 +204,9 @@ pub struct SandboxInfo {
     /// Memory report of the most recent pause.
     #[serde(default)]
     pub last_pause: Option<PauseReport>,
+    /// QoS class the sandbox runs in.
+    #[serde(default)]
+    pub qos: QosClass,
 }
 
 /// What a pause did: memory before and after, and how it was reclaimed.
