@@ -74,6 +74,8 @@ pub struct EdgeConfig {
     pub disk_bps_limit_mb: u64,
     /// `[edge.functions]`: the pre-warmed function-call pools (see [`crate::function`]).
     pub functions: crate::function::FunctionConfig,
+    /// `[edge.qos]`: default QoS class, overcommit floor (see [`crate::qos`]).
+    pub qos: crate::qos::QosConfig,
 }
 
 impl Default for EdgeConfig {
@@ -112,6 +114,7 @@ impl Default for EdgeConfig {
             default_disk_limit_mb: 0,
             disk_bps_limit_mb: 0,
             functions: Default::default(),
+            qos: Default::default(),
         }
     }
 }
@@ -144,6 +147,9 @@ impl EdgeConfig {
     pub fn validate(&self) -> Result<(), ConfigError> {
         self.network.validate()?;
         self.functions.validate().map_err(|m| bad("functions", m))?;
+        if let Err((key, message)) = self.qos.validate() {
+            return Err(bad(key, message));
+        }
         if !is_valid_node_id(&self.node_id) {
             return Err(bad(
                 "node_id",

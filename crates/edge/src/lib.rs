@@ -36,6 +36,7 @@ pub mod metrics;
 pub mod microvm;
 pub mod network;
 pub mod pack;
+pub mod qos;
 pub mod records;
 pub mod simulated;
 pub mod substrate;

@@ -775,6 +775,7 @@ impl Manager {
             create_ms: None,
             reason: None,
             ttl_action: req.ttl_action.unwrap_or_default(),
+            qos: crate::qos::resolve(req.qos, &self.cfg.qos),
             ..Default::default()
         };
         let created_ms = now_ms();
