@@ -14,6 +14,7 @@
 
 pub mod cpio;
 pub mod qemu;
+pub mod qmp;
 
 use std::io;
 use std::path::{Path, PathBuf};
