@@ -37,7 +37,8 @@ impl CgroupV1 {
         }
     }
 
-    fn dir(&self, controller: &str) -> Option<&Path> {
+    /// This cgroup's directory in `controller`'s hierarchy, if that hierarchy is mounted.
+    pub fn dir(&self, controller: &str) -> Option<&Path> {
         self.dirs
             .iter()
             .find(|(c, _)| *c == controller)
