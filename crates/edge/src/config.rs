@@ -76,6 +76,9 @@ pub struct EdgeConfig {
     pub functions: crate::function::FunctionConfig,
     /// `[edge.qos]`: default QoS class, overcommit floor (see [`crate::qos`]).
     pub qos: crate::qos::QosConfig,
+    /// `[edge.reclaim]`: zram swap tier, cold-memory reclaim, node memory pressure (see
+    /// [`crate::reclaim`]).
+    pub reclaim: crate::reclaim::ReclaimConfig,
 }
 
 impl Default for EdgeConfig {
@@ -115,6 +118,7 @@ impl Default for EdgeConfig {
             disk_bps_limit_mb: 0,
             functions: Default::default(),
             qos: Default::default(),
+            reclaim: Default::default(),
         }
     }
 }
@@ -147,6 +151,7 @@ impl EdgeConfig {
     pub fn validate(&self) -> Result<(), ConfigError> {
         self.network.validate()?;
         self.functions.validate().map_err(|m| bad("functions", m))?;
+        self.reclaim.validate().map_err(|m| bad("reclaim", m))?;
         if let Err((key, message)) = self.qos.validate() {
             return Err(bad(key, message));
         }

@@ -37,6 +37,7 @@ pub mod microvm;
 pub mod network;
 pub mod pack;
 pub mod qos;
+pub mod reclaim;
 pub mod records;
 pub mod simulated;
 pub mod substrate;
@@ -88,6 +89,8 @@ pub struct Edge {
     reaped: Vec<String>,
     /// The function-call pools (container substrate only).
     functions: Option<Arc<function::Functions>>,
+    /// Cold-memory reclaim and node memory pressure (container substrate, when enabled).
+    reclaim: Option<Arc<reclaim::Reclaim>>,
 }
 
 impl Edge {
@@ -116,6 +119,7 @@ impl Edge {
         let blob_store = edge.manager.image_store().blob_store();
         edge.manager
             .set_microvm_driver(microvm::driver(vm_aether, &blob_store));
+        edge.reclaim = reclaim::Reclaim::start(&edge.manager).await;
         if edge.cfg.functions.enabled {
             edge.functions = Some(function::Functions::start(
                 edge.cfg.functions.clone(),
@@ -161,6 +165,7 @@ impl Edge {
         images.cleanup_stale_mounts()?;
         let reaped = manager.recover().await;
         ttl::spawn(&manager);
+        qos::spawn_sampler(&manager);
         manager.trajectory().spawn_background();
         images.ensure_busybox().await?;
         tracing::info!(node = %cfg.node_id, reaped = reaped.len(), "edge started");
@@ -170,6 +175,7 @@ impl Edge {
             manager,
             reaped,
             functions: None,
+            reclaim: None,
         })
     }
 
@@ -211,6 +217,14 @@ impl Edge {
             f.shutdown().await;
         }
         self.manager.shutdown().await;
+        if let Some(r) = &self.reclaim {
+            r.shutdown().await;
+        }
+    }
+
+    /// The reclaim policy, when enabled.
+    pub fn reclaim(&self) -> Option<&Arc<reclaim::Reclaim>> {
+        self.reclaim.as_ref()
     }
 }
 

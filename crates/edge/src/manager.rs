@@ -1170,6 +1170,43 @@ impl Manager {
             .collect()
     }
 
+    /// What the reclaim policy needs about every live container sandbox.
+    pub(crate) fn reclaim_views(&self) -> Vec<crate::reclaim::ReclaimView> {
+        let entries: Vec<Arc<Entry>> = lock(&self.state).live.values().cloned().collect();
+        entries
+            .iter()
+            .filter(|e| !e.ended.initialized())
+            .filter_map(|e| {
+                let i = lock(&e.info);
+                (i.substrate == Substrate::Container
+                    && matches!(i.state, SandboxState::Running | SandboxState::Paused))
+                .then(|| crate::reclaim::ReclaimView {
+                    id: e.id.clone(),
+                    state: i.state,
+                    qos: crate::qos::class_of(&i),
+                    last_request_ms: e.last_request_ms.load(Ordering::SeqCst),
+                    busy: e.inflight.load(Ordering::SeqCst) > 0,
+                })
+            })
+            .collect()
+    }
+
+    /// Pauses a sandbox because the node is short of memory; the reason goes into its info
+    /// and its trajectory (a `memory_pressure` entry).
+    pub(crate) async fn pause_for_pressure(&self, id: &str, reason: &str) -> Result<(), EdgeError> {
+        let e = self.entry(id)?;
+        self.pause_entry(&e).await?;
+        lock(&e.info).reason = Some(format!("paused: {reason}"));
+        e.persist();
+        self.traj.note(
+            id,
+            "memory_pressure",
+            serde_json::json!({ "action": "pause", "reason": reason }),
+            Ok(serde_json::to_value(lock(&e.info).last_pause.clone()).unwrap_or_default()),
+        );
+        Ok(())
+    }
+
     /// Stops a sandbox for a reason (TTL reaper).
     pub(crate) async fn stop_because(&self, id: &str, reason: String) {
         if let Ok(e) = self.entry(id) {

@@ -18,6 +18,10 @@ pub struct Metrics {
     pub commands: IntCounterVec,
     /// Labels: `route`, `method`, `status`.
     pub http_requests: IntCounterVec,
+    /// Bytes the reclaim policy took out of a sandbox. Labels: `sandbox`, `mechanism`.
+    pub reclaimed_bytes: IntCounterVec,
+    /// Node memory pressure actions. Labels: `action` = reclaim | pause.
+    pub memory_pressure_actions: IntCounterVec,
 }
 
 impl Metrics {
@@ -75,6 +79,28 @@ impl Metrics {
         registry
             .register(Box::new(http_requests.clone()))
             .expect("metric registered once");
+        let reclaimed_bytes = IntCounterVec::new(
+            Opts::new(
+                "reclaimed_bytes_total",
+                "Memory reclaimed from sandboxes by the reclaim policy",
+            ),
+            &["sandbox", "mechanism"],
+        )
+        .expect("valid metric");
+        registry
+            .register(Box::new(reclaimed_bytes.clone()))
+            .expect("metric registered once");
+        let memory_pressure_actions = IntCounterVec::new(
+            Opts::new(
+                "memory_pressure_actions_total",
+                "Actions taken under node memory pressure",
+            ),
+            &["action"],
+        )
+        .expect("valid metric");
+        registry
+            .register(Box::new(memory_pressure_actions.clone()))
+            .expect("metric registered once");
         Self {
             registry,
             sandboxes_created,
@@ -85,6 +111,8 @@ impl Metrics {
             create_seconds,
             commands,
             http_requests,
+            reclaimed_bytes,
+            memory_pressure_actions,
         }
     }
 
