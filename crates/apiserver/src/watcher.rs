@@ -285,6 +285,7 @@ mod tests {
             images: vec![],
             cgroup_version: "v1".into(),
             labels: Default::default(),
+            ..Default::default()
         }
     }
 

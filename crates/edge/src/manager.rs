@@ -49,6 +49,8 @@ pub struct Validated {
     pub pids: u64,
     pub user: String,
     pub hostname: Option<String>,
+    /// The request's QoS class, else the edge's default.
+    pub qos: dsec_wire::api::QosClass,
 }
 
 /// Checks a user name or uid (`root`, `1000`, `agent`).
@@ -119,13 +121,20 @@ pub fn validate_create(
     cfg: &EdgeConfig,
     req: &CreateSandboxRequest,
 ) -> Result<Validated, EdgeError> {
-    if !matches!(req.substrate, Substrate::Container | Substrate::Microvm) {
+    if !matches!(
+        req.substrate,
+        Substrate::Container | Substrate::Microvm | Substrate::Vm
+    ) {
         return Err(EdgeError::Unsupported(format!(
-            "substrate {:?} is not supported on node {}: this edge runs `container` and `microvm` sandboxes only",
+            "substrate {:?} is not supported on node {}: this edge runs `container`, `microvm` and `vm` sandboxes only",
             req.substrate, cfg.node_id
         )));
     }
-    let image = dsec_image::canonical_name(&req.image).map_err(EdgeError::from_image)?;
+    let image = if req.substrate == Substrate::Vm {
+        crate::fullvm::check_request(req)?
+    } else {
+        dsec_image::canonical_name(&req.image).map_err(EdgeError::from_image)?
+    };
     let workspace = match &req.workspace {
         Some(w) => Some(dsec_image::canonical_name(w).map_err(EdgeError::from_image)?),
         None => None,
@@ -205,6 +214,7 @@ pub fn validate_create(
         pids,
         user,
         hostname: req.hostname.clone(),
+        qos: crate::qos::resolve(req.qos, &cfg.qos),
     })
 }
 
@@ -389,6 +399,10 @@ pub struct Manager {
     net: Arc<crate::network::Network>,
     /// The microVM driver, or why this node has none (see [`crate::microvm::driver`]).
     microvm: std::sync::OnceLock<Result<Arc<dyn Driver>, String>>,
+    /// The full-VM driver, or why this node has none (see [`crate::fullvm::driver`]).
+    fullvm: std::sync::OnceLock<Result<Arc<dyn Driver>, String>>,
+    /// QoS capabilities and admission books (issue 10).
+    qos: crate::qos::Qos,
 }
 
 impl Manager {
@@ -398,6 +412,7 @@ impl Manager {
         images: Arc<ImageStore>,
         metrics: Arc<Metrics>,
     ) -> Self {
+        let qos = crate::qos::Qos::new(&cfg.qos);
         let traj = Arc::new(crate::trajectory::Trajectories::new(
             cfg.trajectory.clone(),
             cfg.edge_dir().join("trajectories"),
@@ -412,6 +427,8 @@ impl Manager {
             state: Mutex::new(State::default()),
             shutting_down: AtomicBool::new(false),
             microvm: std::sync::OnceLock::new(),
+            fullvm: std::sync::OnceLock::new(),
+            qos,
         }
     }
 
@@ -420,9 +437,25 @@ impl Manager {
         let _ = self.microvm.set(driver);
     }
 
+    /// Sets the full-VM driver (or the reason there is none); once, at start.
+    pub fn set_fullvm_driver(&self, driver: Result<Arc<dyn Driver>, String>) {
+        let _ = self.fullvm.set(driver);
+    }
+
     /// The driver for a validated create request's substrate.
     fn driver_for(&self, substrate: Substrate) -> Result<Arc<dyn Driver>, EdgeError> {
         match substrate {
+            Substrate::Vm => match self.fullvm.get() {
+                Some(Ok(d)) => Ok(d.clone()),
+                Some(Err(why)) => Err(EdgeError::Unsupported(format!(
+                    "full-VM sandboxes are not available on node {}: {why}",
+                    self.cfg.node_id
+                ))),
+                None => Err(EdgeError::Unsupported(format!(
+                    "full-VM sandboxes are not available on node {}",
+                    self.cfg.node_id
+                ))),
+            },
             Substrate::Microvm => match self.microvm.get() {
                 Some(Ok(d)) => Ok(d.clone()),
                 Some(Err(why)) => Err(EdgeError::Unsupported(format!(
@@ -444,6 +477,11 @@ impl Manager {
 
     pub fn metrics(&self) -> &Metrics {
         &self.metrics
+    }
+
+    /// QoS capabilities and admission books.
+    pub fn qos(&self) -> &crate::qos::Qos {
+        &self.qos
     }
 
     /// The trajectory logs; `trajectory().note(id, kind, request, result)` records a state change.
@@ -556,6 +594,9 @@ impl Manager {
         if !is_valid_sandbox_id(id) || rec.info.id != id {
             return Err(format!("record names sandbox {:?}", rec.info.id));
         }
+        if rec.info.substrate == Substrate::Vm {
+            return Err(crate::fullvm::not_readopted(dir));
+        }
         let lease = self
             .images
             .acquire(&rec.image)
@@ -600,6 +641,7 @@ impl Manager {
             op: tokio::sync::Mutex::new(()),
         });
         entry.persist();
+        self.qos.adopt(id, rec.info.qos, entry.memory_mb, entry.cpu);
         {
             let mut st = lock(&self.state);
             st.count += 1;
@@ -647,6 +689,7 @@ impl Manager {
             Ok(entry) => {
                 let info = entry.info();
                 crate::trajectory::hooks::begin(&self.traj, &id, &req, &info);
+                self.qos.started(&id);
                 {
                     let mut st = lock(&self.state);
                     st.creating.remove(&id);
@@ -675,6 +718,7 @@ impl Manager {
                 Ok(info)
             }
             Err(e) => {
+                self.qos.release(&id);
                 {
                     let mut st = lock(&self.state);
                     st.creating.remove(&id);
@@ -720,20 +764,15 @@ impl Manager {
                 st.count, self.cfg.capacity
             )));
         }
-        let mem_cap = (self.cfg.memory_total_mb() as f64 * self.cfg.memory_overcommit) as u64;
-        if st.memory_mb + v.memory_mb > mem_cap {
-            return Err(EdgeError::NodeFull(format!(
-                "node {node} is full: {} MiB of memory allocated, {} more asked, {mem_cap} MiB allowed",
-                st.memory_mb, v.memory_mb
-            )));
-        }
-        let cpu_cap = self.cfg.cpu_total() * self.cfg.cpu_overcommit;
-        if st.cpu + v.cpu > cpu_cap + 1e-9 {
-            return Err(EdgeError::NodeFull(format!(
-                "node {node} is full: {:.2} cores allocated, {} more asked, {cpu_cap:.2} allowed",
-                st.cpu, v.cpu
-            )));
-        }
+        // Memory and CPU: overcommit by measured usage with a latency-sensitive floor.
+        self.qos
+            .admit(&self.cfg, id, v.qos, v.memory_mb, v.cpu)
+            .map_err(|r| {
+                EdgeError::NodeFull(format!(
+                    "node {node} is full for a {:?} sandbox: {r}",
+                    v.qos
+                ))
+            })?;
         st.count += 1;
         st.memory_mb += v.memory_mb;
         st.cpu += v.cpu;
@@ -749,11 +788,19 @@ impl Manager {
         started: Instant,
     ) -> Result<Arc<Entry>, EdgeError> {
         let driver = self.driver_for(req.substrate)?;
-        let lease = self
-            .images
-            .acquire_composed(&v.image, v.workspace.as_deref(), &v.toolkits)
-            .await
-            .map_err(EdgeError::from_image)?;
+        // A full VM boots a disk image, not the layer store's image: no lease.
+        let vm_disk = (req.substrate == Substrate::Vm)
+            .then(|| crate::fullvm::resolve_image(&self.cfg.data_dir, &v.image))
+            .transpose()?;
+        let lease = match vm_disk {
+            Some(_) => None,
+            None => Some(
+                self.images
+                    .acquire_composed(&v.image, v.workspace.as_deref(), &v.toolkits)
+                    .await
+                    .map_err(EdgeError::from_image)?,
+            ),
+        };
         let dir = self.cfg.sandboxes_dir().join(id);
         let short = id.rsplit('-').next().unwrap_or(id).to_string();
         let mut info = SandboxInfo {
@@ -761,7 +808,9 @@ impl Manager {
             node: self.cfg.node_id.clone(),
             state: SandboxState::Creating,
             substrate: req.substrate,
-            image: lease.image().to_string(),
+            image: lease
+                .as_ref()
+                .map_or_else(|| v.image.clone(), |l| l.image().to_string()),
             memory_limit_mb: v.memory_mb,
             cpu_cores_limit: v.cpu,
             pids_limit: v.pids,
@@ -775,7 +824,7 @@ impl Manager {
             create_ms: None,
             reason: None,
             ttl_action: req.ttl_action.unwrap_or_default(),
-            qos: crate::qos::resolve(req.qos, &self.cfg.qos),
+            qos: v.qos,
             ..Default::default()
         };
         let created_ms = now_ms();
@@ -808,7 +857,10 @@ impl Manager {
         let spec = SandboxSpec {
             id: id.to_string(),
             hostname: info.hostname.clone(),
-            lowers: lease.lowers(),
+            lowers: match &lease {
+                Some(l) => l.lowers(),
+                None => vm_disk.clone().into_iter().collect(),
+            },
             dir: dir.clone(),
             memory_limit_mb: v.memory_mb,
             cpu_cores_limit: v.cpu,
@@ -833,12 +885,29 @@ impl Manager {
             }
         };
         crate::network::hook::started(&self.cfg, id, &dir);
+        // QoS before the sandbox is handed out: no user command has run yet.
+        let qos = crate::qos::apply::apply(
+            self.qos.config(),
+            self.qos.caps(),
+            &self.cfg.cgroup_parent(),
+            id,
+            v.qos,
+            sandbox.pid(),
+        );
         info.state = SandboxState::Running;
         info.create_ms = Some(started.elapsed().as_secs_f64() * 1000.0);
         record.info = info.clone();
         record.pid = sandbox.pid();
-        if let Err(e) = records::write(&dir, &record) {
-            let err = EdgeError::internal("persist record", &e);
+        let persisted = match qos {
+            Ok(_) => {
+                records::write(&dir, &record).map_err(|e| EdgeError::internal("persist record", &e))
+            }
+            Err(e) => Err(EdgeError::Internal(format!(
+                "apply QoS class {:?}: {e}",
+                v.qos
+            ))),
+        };
+        if let Err(err) = persisted {
             let destroyed = sandbox.destroy().await;
             crate::network::hook::release(&self.net, id, &dir).await;
             let removed = remove_dir(&dir);
@@ -856,7 +925,7 @@ impl Manager {
             info: Mutex::new(info),
             sandbox,
             aether,
-            lease: Mutex::new(Some(lease)),
+            lease: Mutex::new(lease),
             memory_mb: v.memory_mb,
             cpu: v.cpu,
             ended: OnceCell::new(),
@@ -937,6 +1006,7 @@ impl Manager {
         {
             let mut st = lock(&self.state);
             st.live.remove(&entry.id);
+            self.qos.release(&entry.id);
             st.count = st.count.saturating_sub(1);
             st.memory_mb = st.memory_mb.saturating_sub(entry.memory_mb);
             st.cpu = (st.cpu - entry.cpu).max(0.0);
@@ -1605,6 +1675,11 @@ impl Manager {
         req: dsec_wire::api::PackDiffRequest,
     ) -> Result<ImageInfo, EdgeError> {
         let entry = self.running(id)?;
+        if lock(&entry.info).substrate == Substrate::Vm {
+            return Err(EdgeError::Unsupported(format!(
+                "sandbox {id}: pack_diff is not supported for full-VM sandboxes (their disk is a qcow2 overlay, not a layer)"
+            )));
+        }
         let (parent_images, parent_digests) = lock(&entry.lease)
             .as_ref()
             .map(|l| (l.images().to_vec(), l.digests()))
@@ -1655,6 +1730,7 @@ impl Manager {
             healthy: !self.shutting_down.load(Ordering::Relaxed),
             substrates: std::iter::once(self.driver.kind())
                 .chain(matches!(self.microvm.get(), Some(Ok(_))).then_some(Substrate::Microvm))
+                .chain(matches!(self.fullvm.get(), Some(Ok(_))).then_some(Substrate::Vm))
                 .collect(),
             sandboxes_running: running,
             sandboxes_paused: paused,
@@ -1667,6 +1743,8 @@ impl Manager {
             images: self.images.list().into_iter().map(|i| i.name).collect(),
             cgroup_version: cgroup_version().to_string(),
             labels: self.cfg.labels.clone(),
+            capabilities: Some(self.qos.caps().to_wire()),
+            admission: Some(self.qos.status(&self.cfg)),
         }
     }
 
@@ -1860,6 +1938,7 @@ mod tests {
             pids: 64,
             user: "root".into(),
             hostname: None,
+            qos: Default::default(),
         }
     }
 

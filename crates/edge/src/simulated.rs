@@ -257,6 +257,7 @@ impl SimulatedEdge {
             images: self.cfg.images.clone(),
             cgroup_version: "simulated".into(),
             labels,
+            ..Default::default()
         }
     }
 

@@ -5,8 +5,20 @@
 //! it survives an edge restart). The reclaim side lists best-effort sandboxes with
 //! [`class_of`] over [`crate::Manager::list`].
 
-use dsec_wire::api::{QosClass, SandboxInfo};
+pub mod admission;
+pub mod apply;
+pub mod caps;
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, Weak};
+use std::time::{Duration, Instant};
+
+use dsec_wire::api::{AdmissionStatus, QosClass, SandboxInfo};
 use serde::{Deserialize, Serialize};
+
+use crate::config::EdgeConfig;
+pub use admission::{Amount, Policy, Refusal, Snapshot};
+pub use caps::Caps;
 
 /// `[edge.qos]`.
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -14,12 +26,39 @@ use serde::{Deserialize, Serialize};
 pub struct QosConfig {
     /// Class of a sandbox whose create request names none.
     pub default_class: QosClass,
+    /// LS floor: latency-sensitive memory requests stay within physical memory × this.
+    pub ls_memory_ratio: f64,
+    /// LS floor: latency-sensitive CPU requests stay within the node's cores × this.
+    pub ls_cpu_ratio: f64,
+    /// Best-effort admission: LS requests + measured memory use stay within physical × this.
+    pub memory_usage_limit: f64,
+    /// Best-effort admission: measured CPU use stays within the node's cores × this.
+    pub cpu_usage_limit: f64,
+    /// What a starting sandbox reserves until it is measured (capped by its request).
+    pub start_reservation_mb: u64,
+    pub start_reservation_cpu: f64,
+    /// How often sandbox usage is measured (milliseconds).
+    pub sample_ms: u64,
+    /// Best-effort cgroups also get `cpu.idle` = 1 where the kernel has it (the kernel then
+    /// shows their weight as 3 instead of 2).
+    pub best_effort_cgroup_idle: bool,
+    /// Latency-sensitive sandboxes get a core-scheduling cookie where the kernel has them.
+    pub core_scheduling: bool,
 }
 
 impl Default for QosConfig {
     fn default() -> Self {
         Self {
             default_class: QosClass::LatencySensitive,
+            ls_memory_ratio: 1.0,
+            ls_cpu_ratio: 8.0,
+            memory_usage_limit: 0.9,
+            cpu_usage_limit: 1.0,
+            start_reservation_mb: 64,
+            start_reservation_cpu: 0.1,
+            sample_ms: 1000,
+            best_effort_cgroup_idle: true,
+            core_scheduling: true,
         }
     }
 }
@@ -27,6 +66,23 @@ impl Default for QosConfig {
 impl QosConfig {
     /// Checks the values; `Err((key, message))` names the bad key.
     pub fn validate(&self) -> Result<(), (&'static str, String)> {
+        let pos = |key: &'static str, v: f64, max: f64| {
+            if v.is_finite() && v > 0.0 && v <= max {
+                Ok(())
+            } else {
+                Err((key, format!("{v} must be in (0, {max}]")))
+            }
+        };
+        pos("qos.ls_memory_ratio", self.ls_memory_ratio, 100.0)?;
+        pos("qos.ls_cpu_ratio", self.ls_cpu_ratio, 1000.0)?;
+        pos("qos.memory_usage_limit", self.memory_usage_limit, 1.0)?;
+        pos("qos.cpu_usage_limit", self.cpu_usage_limit, 100.0)?;
+        if !(self.start_reservation_cpu.is_finite() && self.start_reservation_cpu >= 0.0) {
+            return Err(("qos.start_reservation_cpu", "must be >= 0".into()));
+        }
+        if self.sample_ms < 100 {
+            return Err(("qos.sample_ms", "must be at least 100".into()));
+        }
         Ok(())
     }
 }
@@ -46,6 +102,225 @@ pub fn is_best_effort(info: &SandboxInfo) -> bool {
     class_of(info) == QosClass::BestEffort
 }
 
+/// One sandbox in the books.
+#[derive(Debug, Clone)]
+struct Booked {
+    class: QosClass,
+    req: Amount,
+    /// Admitted, not yet running: counts by its reservation.
+    starting: bool,
+    /// Last measured working set (MiB) and CPU use (cores).
+    used: Option<Amount>,
+    /// Last CPU counter (ns) and when it was read.
+    cpu_mark: Option<(u64, Instant)>,
+}
+
+/// The node's QoS state: capabilities and the admission books (one per manager).
+pub struct Qos {
+    cfg: QosConfig,
+    caps: Caps,
+    books: Mutex<HashMap<String, Booked>>,
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+impl Qos {
+    /// Detects the kernel's capabilities (once) and logs what is missing.
+    pub fn new(cfg: &QosConfig) -> Self {
+        let caps = Caps::detect();
+        tracing::info!(capabilities = %caps, "QoS capabilities");
+        Self::with_caps(cfg, caps)
+    }
+
+    pub fn with_caps(cfg: &QosConfig, caps: Caps) -> Self {
+        Qos {
+            cfg: cfg.clone(),
+            caps,
+            books: Mutex::new(HashMap::new()),
+        }
+    }
+
+    pub fn caps(&self) -> &Caps {
+        &self.caps
+    }
+
+    pub fn config(&self) -> &QosConfig {
+        &self.cfg
+    }
+
+    /// The admission policy for a node of `edge`'s size.
+    pub fn policy(&self, edge: &EdgeConfig) -> Policy {
+        Policy {
+            physical: Amount::new(edge.memory_total_mb() as f64, edge.cpu_total()),
+            memory_overcommit: edge.memory_overcommit,
+            cpu_overcommit: edge.cpu_overcommit,
+            ls_memory_ratio: self.cfg.ls_memory_ratio,
+            ls_cpu_ratio: self.cfg.ls_cpu_ratio,
+            memory_usage_limit: self.cfg.memory_usage_limit,
+            cpu_usage_limit: self.cfg.cpu_usage_limit,
+            start_reservation: Amount::new(
+                self.cfg.start_reservation_mb as f64,
+                self.cfg.start_reservation_cpu,
+            ),
+        }
+    }
+
+    fn snapshot_of(&self, books: &HashMap<String, Booked>) -> Snapshot {
+        let res = self.policy_reservation();
+        let mut s = Snapshot::default();
+        for b in books.values() {
+            match b.class {
+                QosClass::LatencySensitive => s.committed_ls += b.req,
+                QosClass::BestEffort => s.committed_be += b.req,
+            }
+            if b.starting {
+                s.reserved +=
+                    Amount::new(b.req.memory_mb.min(res.memory_mb), b.req.cpu.min(res.cpu));
+                continue;
+            }
+            // Not measured yet: its reservation.
+            let used = b.used.unwrap_or(Amount::new(
+                b.req.memory_mb.min(res.memory_mb),
+                b.req.cpu.min(res.cpu),
+            ));
+            // LS memory counts by its request (the floor); BE by its working set.
+            if b.class == QosClass::BestEffort {
+                s.used.memory_mb += used.memory_mb;
+            }
+            s.used.cpu += used.cpu;
+        }
+        s
+    }
+
+    fn policy_reservation(&self) -> Amount {
+        Amount::new(
+            self.cfg.start_reservation_mb as f64,
+            self.cfg.start_reservation_cpu,
+        )
+    }
+
+    /// The current snapshot (for the status and tests).
+    pub fn snapshot(&self) -> Snapshot {
+        self.snapshot_of(&lock(&self.books))
+    }
+
+    /// Admits and books a starting sandbox, or says why not.
+    pub fn admit(
+        &self,
+        edge: &EdgeConfig,
+        id: &str,
+        class: QosClass,
+        memory_mb: u64,
+        cpu: f64,
+    ) -> Result<(), Refusal> {
+        let mut books = lock(&self.books);
+        let req = Amount::new(memory_mb as f64, cpu);
+        admission::check(class, req, &self.policy(edge), &self.snapshot_of(&books))?;
+        books.insert(
+            id.to_string(),
+            Booked {
+                class,
+                req,
+                starting: true,
+                used: None,
+                cpu_mark: None,
+            },
+        );
+        Ok(())
+    }
+
+    /// The sandbox is running: from now on it counts by measurement.
+    pub fn started(&self, id: &str) {
+        if let Some(b) = lock(&self.books).get_mut(id) {
+            b.starting = false;
+        }
+    }
+
+    /// A re-adopted sandbox (edge restart).
+    pub fn adopt(&self, id: &str, class: QosClass, memory_mb: u64, cpu: f64) {
+        lock(&self.books).insert(
+            id.to_string(),
+            Booked {
+                class,
+                req: Amount::new(memory_mb as f64, cpu),
+                starting: false,
+                used: None,
+                cpu_mark: None,
+            },
+        );
+    }
+
+    /// The sandbox is gone (or its create failed).
+    pub fn release(&self, id: &str) {
+        lock(&self.books).remove(id);
+    }
+
+    /// Admission figures for the node status.
+    pub fn status(&self, edge: &EdgeConfig) -> AdmissionStatus {
+        admission::status(&self.policy(edge), &self.snapshot())
+    }
+
+    /// Measures every running sandbox's working set and CPU use (blocking file reads).
+    pub fn sample(&self, cgroup_parent: &str) {
+        let root = dsec_runtime::cgroup::CgroupRoot::detect();
+        let ids: Vec<String> = lock(&self.books)
+            .iter()
+            .filter(|(_, b)| !b.starting)
+            .map(|(id, _)| id.clone())
+            .collect();
+        let mut measured = Vec::with_capacity(ids.len());
+        for id in ids {
+            let Ok(cg) = dsec_runtime::cgroup::Cgroup::open(&root, cgroup_parent, &id) else {
+                continue;
+            };
+            if !cg.path().is_dir() {
+                continue; // not a container (microVM) or already gone
+            }
+            let mem = cg.memory_working_set().ok();
+            let cpu = cg.cpu_usage_ns().ok();
+            measured.push((id, mem, cpu, Instant::now()));
+        }
+        let mut books = lock(&self.books);
+        for (id, mem, cpu_ns, at) in measured {
+            let Some(b) = books.get_mut(&id) else {
+                continue;
+            };
+            let mut used = b.used.unwrap_or_default();
+            if let Some(m) = mem {
+                used.memory_mb = m as f64 / (1024.0 * 1024.0);
+            }
+            if let Some(ns) = cpu_ns {
+                if let Some((prev, t0)) = b.cpu_mark {
+                    let dt = at.duration_since(t0).as_secs_f64();
+                    if dt > 0.0 {
+                        used.cpu = ns.saturating_sub(prev) as f64 / 1e9 / dt;
+                    }
+                }
+                b.cpu_mark = Some((ns, at));
+            }
+            b.used = Some(used);
+        }
+    }
+}
+
+/// Measures usage every `qos.sample_ms` while the manager lives.
+pub fn spawn_sampler(mgr: &Arc<crate::Manager>) -> tokio::task::JoinHandle<()> {
+    let weak: Weak<crate::Manager> = Arc::downgrade(mgr);
+    let every = Duration::from_millis(mgr.qos().config().sample_ms);
+    tokio::spawn(async move {
+        let mut tick = tokio::time::interval(every);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tick.tick().await;
+            let Some(m) = weak.upgrade() else { return };
+            let parent = m.config().cgroup_parent();
+            let _ = tokio::task::spawn_blocking(move || m.qos().sample(&parent)).await;
+        }
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -60,6 +335,7 @@ mod tests {
         );
         let be = QosConfig {
             default_class: QosClass::BestEffort,
+            ..Default::default()
         };
         assert_eq!(resolve(None, &be), QosClass::BestEffort);
         assert_eq!(

@@ -1,0 +1,203 @@
+//! Applies a sandbox's QoS class to its processes and cgroup, right after the substrate started
+//! its agent and before any user command runs (children inherit the policy and the cookie).
+//!
+//! * best-effort: every thread of the agent gets SCHED_IDLE; `RLIMIT_NICE` is set to 0/0 so
+//!   nothing inside can switch back to SCHED_OTHER (that needs the nice range of RLIMIT_NICE or
+//!   CAP_SYS_NICE, and sandboxes keep neither CAP_SYS_NICE nor CAP_SYS_RESOURCE); the cgroup
+//!   gets the lowest CPU weight and, where the kernel has it, `cpu.idle` = 1.
+//! * latency-sensitive: default weight, and a core-scheduling cookie for the agent's thread
+//!   group where the kernel supports it (children inherit it), so that no task of another
+//!   cookie runs on the sibling hardware thread.
+
+use std::path::Path;
+
+use dsec_runtime::cgroup::qos::CpuPriority;
+use dsec_runtime::cgroup::{Cgroup, CgroupRoot};
+use dsec_wire::api::QosClass;
+
+use super::caps::{errno_name, PIDTYPE_TGID, PR_SCHED_CORE_CREATE};
+
+/// Why a class could not be applied.
+#[derive(Debug, thiserror::Error)]
+pub enum ApplyError {
+    #[error("sched_setscheduler(SCHED_IDLE) on task {tid}: {errno}")]
+    Sched { tid: i32, errno: String },
+    #[error("prlimit(RLIMIT_NICE) on pid {pid}: {errno}")]
+    Rlimit { pid: i32, errno: String },
+    #[error("cgroup cpu priority: {0}")]
+    Cgroup(#[from] dsec_runtime::cgroup::CgroupError),
+    #[error("core-scheduling cookie for pid {pid}: {errno}")]
+    CoreSched { pid: i32, errno: String },
+}
+
+/// What [`apply`] did (logged, and tested from the outside).
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Applied {
+    pub sched_idle_tasks: usize,
+    pub cgroup: Option<String>,
+    pub core_cookie: bool,
+}
+
+/// Threads of process `pid` (`/proc/<pid>/task`).
+fn threads(pid: i32) -> Vec<i32> {
+    std::fs::read_dir(format!("/proc/{pid}/task"))
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter_map(|e| e.file_name().to_str()?.parse().ok())
+        .collect()
+}
+
+fn last_errno() -> String {
+    errno_name(std::io::Error::last_os_error().raw_os_error().unwrap_or(0))
+}
+
+/// Sets SCHED_IDLE on every thread of `pid` and pins its RLIMIT_NICE to 0.
+pub fn sched_idle(pid: i32) -> Result<usize, ApplyError> {
+    let mut n = 0;
+    for tid in threads(pid) {
+        let param = libc::sched_param { sched_priority: 0 };
+        // SAFETY: sched_setscheduler takes a tid and a pointer to a live local.
+        let rc = unsafe { libc::sched_setscheduler(tid, libc::SCHED_IDLE, &param) };
+        if rc != 0 {
+            let errno = last_errno();
+            if errno == "ESRCH" {
+                continue; // the thread exited meanwhile
+            }
+            return Err(ApplyError::Sched { tid, errno });
+        }
+        n += 1;
+    }
+    let zero = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: prlimit reads `zero` (a live local) and writes nothing (old limit pointer null).
+    let rc = unsafe { libc::prlimit(pid, libc::RLIMIT_NICE, &zero, std::ptr::null_mut()) };
+    if rc != 0 {
+        return Err(ApplyError::Rlimit {
+            pid,
+            errno: last_errno(),
+        });
+    }
+    Ok(n)
+}
+
+/// Gives `pid`'s thread group a new core-scheduling cookie.
+pub fn core_cookie(pid: i32) -> Result<(), ApplyError> {
+    // SAFETY: PR_SCHED_CORE_CREATE takes plain integers (pid, pid type, 0).
+    let rc = unsafe {
+        libc::prctl(
+            62, // PR_SCHED_CORE
+            PR_SCHED_CORE_CREATE,
+            pid as libc::c_ulong,
+            PIDTYPE_TGID,
+            0 as libc::c_ulong,
+        )
+    };
+    if rc != 0 {
+        return Err(ApplyError::CoreSched {
+            pid,
+            errno: last_errno(),
+        });
+    }
+    Ok(())
+}
+
+/// Applies `class` to the sandbox whose agent is host process `pid` and whose cgroup is
+/// `<parent>/<id>` (a sandbox without such a cgroup, a microVM, gets the scheduler part only).
+pub fn apply(
+    cfg: &super::QosConfig,
+    caps: &super::caps::Caps,
+    parent: &str,
+    id: &str,
+    class: QosClass,
+    pid: i32,
+) -> Result<Applied, ApplyError> {
+    let root = CgroupRoot::detect();
+    let cg = Cgroup::open(&root, parent, id)
+        .ok()
+        .filter(|c| Path::new(c.path()).is_dir());
+    let mut out = Applied::default();
+    match class {
+        QosClass::BestEffort => {
+            if let Some(cg) = &cg {
+                let a = cg.set_cpu_priority(CpuPriority::Lowest {
+                    idle: cfg.best_effort_cgroup_idle,
+                })?;
+                out.cgroup = Some(match a.idle {
+                    Some(i) => format!("{} cpu.idle={}", a.weight, u8::from(i)),
+                    None => a.weight,
+                });
+            }
+            if pid > 1 {
+                out.sched_idle_tasks = sched_idle(pid)?;
+            }
+        }
+        QosClass::LatencySensitive => {
+            if let Some(cg) = &cg {
+                out.cgroup = Some(cg.set_cpu_priority(CpuPriority::Normal)?.weight);
+            }
+            if caps.core_scheduling.available && cfg.core_scheduling && pid > 1 {
+                core_cookie(pid)?;
+                out.core_cookie = true;
+            }
+        }
+    }
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Needs CAP_SYS_NICE to undo nothing: a child process is made SCHED_IDLE and checked.
+    #[test]
+    fn sched_idle_on_a_child_process() {
+        let mut child = match std::process::Command::new("sleep").arg("5").spawn() {
+            Ok(c) => c,
+            Err(e) => {
+                println!("skipped: cannot spawn sleep: {e}");
+                return;
+            }
+        };
+        let pid = child.id() as i32;
+        let r = sched_idle(pid);
+        let policy = std::fs::read_to_string(format!("/proc/{pid}/stat"))
+            .ok()
+            .and_then(|s| {
+                let after = s.rsplit_once(')')?.1.to_string();
+                after.split_whitespace().nth(38).map(str::to_string)
+            });
+        let limits = std::fs::read_to_string(format!("/proc/{pid}/limits")).unwrap_or_default();
+        let _ = child.kill();
+        let _ = child.wait();
+        assert_eq!(r.unwrap(), 1);
+        // Field 41 of /proc/<pid>/stat (the 39th after the command) is the policy: 5 = IDLE.
+        assert_eq!(policy.as_deref(), Some("5"));
+        let nice = limits
+            .lines()
+            .find(|l| l.starts_with("Max nice priority"))
+            .unwrap_or("");
+        assert_eq!(
+            nice.split_whitespace().collect::<Vec<_>>()[3..5],
+            ["0", "0"]
+        );
+    }
+
+    #[test]
+    fn core_cookie_reports_the_kernel_answer() {
+        let caps = super::super::caps::probe_core_sched();
+        // SAFETY: getpid has no preconditions.
+        let me = unsafe { libc::getpid() };
+        match core_cookie(me) {
+            Ok(()) => assert!(caps.available),
+            Err(ApplyError::CoreSched { errno, .. }) => {
+                println!("core scheduling unavailable here: {errno}");
+                assert!(!caps.available);
+                assert_eq!(errno, caps.detail);
+            }
+            Err(e) => panic!("{e}"),
+        }
+    }
+}
