@@ -15,7 +15,7 @@
 
 use std::collections::HashSet;
 
-use dsec_wire::api::CreateSandboxRequest;
+use dsec_wire::api::{CreateSandboxRequest, QosClass};
 use rand::Rng;
 use serde::{Deserialize, Serialize};
 
@@ -110,19 +110,35 @@ pub fn load(n: &NodeView) -> f64 {
     } else {
         0.0
     };
+    // An edge that admits by measured usage reports it; placement weighs the same figure.
+    let mem = s
+        .admission
+        .as_ref()
+        .map_or(s.memory_mb_allocated, |a| a.memory_mb_used);
     let by_mem = if s.memory_mb_total > 0 {
-        s.memory_mb_allocated as f64 / s.memory_mb_total as f64
+        mem as f64 / s.memory_mb_total as f64
     } else {
         0.0
     };
     by_count.max(by_mem)
 }
 
-fn has_room(n: &NodeView) -> bool {
+fn has_room(n: &NodeView, req: &CreateSandboxRequest) -> bool {
     match &n.status {
         Some(s) => {
-            s.capacity_sandboxes == 0
-                || s.sandboxes_running + s.sandboxes_paused < s.capacity_sandboxes
+            let count_ok = s.capacity_sandboxes == 0
+                || s.sandboxes_running + s.sandboxes_paused < s.capacity_sandboxes;
+            // The edge's own admission figures for the request's class (issue 10); an edge
+            // that does not report them is judged by count only, as before.
+            let fits = s.admission.as_ref().is_none_or(|a| {
+                let (mem, cpu) = match req.qos.unwrap_or_default() {
+                    QosClass::LatencySensitive => (a.memory_mb_free_ls, a.cpu_cores_free_ls),
+                    QosClass::BestEffort => (a.memory_mb_free_be, a.cpu_cores_free_be),
+                };
+                req.memory_limit_mb.unwrap_or(1) <= mem
+                    && req.cpu_cores_limit.unwrap_or(0.0) <= cpu + 1e-9
+            });
+            count_ok && fits
         }
         None => true,
     }
@@ -182,7 +198,7 @@ pub fn plan(
             && sel
                 .iter()
                 .all(|(k, v)| s.labels.get(*k).map(String::as_str) == Some(*v))
-            && has_room(n)
+            && has_room(n, req)
     };
     let is_overflow = |n: &NodeView| {
         n.status
@@ -319,6 +335,50 @@ mod tests {
 
     fn rng() -> rand::rngs::StdRng {
         rand::rngs::StdRng::seed_from_u64(7)
+    }
+
+    #[test]
+    fn admission_figures_filter_by_class_and_weigh_measured_use() {
+        use dsec_wire::api::AdmissionStatus;
+        let mut full_ls = view(0, true, 1, &[]);
+        let mut roomy = view(1, true, 1, &[]);
+        for (v, free_ls, used) in [(&mut full_ls, 0, 900), (&mut roomy, 4096, 100)] {
+            let s = v.status.as_mut().unwrap();
+            s.memory_mb_total = 1000;
+            s.memory_mb_allocated = 50_000; // requests: far beyond the node, overcommitted
+            s.admission = Some(AdmissionStatus {
+                memory_mb_used: used,
+                memory_mb_free_ls: free_ls,
+                cpu_cores_free_ls: 4.0,
+                memory_mb_free_be: 2048,
+                cpu_cores_free_be: 1.0,
+                ..Default::default()
+            });
+        }
+        let nodes = vec![full_ls, roomy];
+        let ls = CreateSandboxRequest {
+            image: "busybox".into(),
+            memory_limit_mb: Some(512),
+            ..Default::default()
+        };
+        let p = plan(&nodes, &ls, &PlacementConfig::default(), &mut rng());
+        assert_eq!(p.nodes, vec![1], "node 0 has no latency-sensitive room");
+        let be = CreateSandboxRequest {
+            qos: Some(QosClass::BestEffort),
+            ..ls.clone()
+        };
+        let p = plan(&nodes, &be, &PlacementConfig::default(), &mut rng());
+        assert_eq!(p.nodes.len(), 2);
+        assert_eq!(p.nodes[0], 1, "least measured use first");
+        assert!((load(&nodes[0]) - 0.9).abs() < 1e-9);
+        // More CPU than the best-effort room: nowhere.
+        let big = CreateSandboxRequest {
+            cpu_cores_limit: Some(1.5),
+            ..be
+        };
+        assert!(plan(&nodes, &big, &PlacementConfig::default(), &mut rng())
+            .nodes
+            .is_empty());
     }
 
     #[test]
