@@ -51,6 +51,10 @@ class DSecContainerRunArgs:
     trajectory: Optional[bool] = None
     #: ``"container"`` (default) or ``"microvm"`` (a QEMU guest with its own kernel).
     substrate: Optional[str] = None
+    #: QoS class: ``"latency_sensitive"`` (protected: normal CPU weight, never reclaimed or paused
+    #: under memory pressure) or ``"best_effort"`` (SCHED_IDLE, lowest CPU weight, reclaimed
+    #: first); default: the node's ``qos.default_class``.
+    qos: Optional[str] = None
 
     def to_json(self) -> Dict[str, Any]:
         """The JSON body of the create call (``container_image`` becomes ``image``)."""
@@ -108,6 +112,8 @@ class SandboxInfo:
     #: ``page_cache_before_bytes``, ``page_cache_after_bytes``, ``anon_before_bytes``,
     #: ``anon_after_bytes``, ``method``, ``pause_ms``.
     last_pause: Optional[Dict[str, Any]] = None
+    #: QoS class the sandbox runs in (``latency_sensitive`` or ``best_effort``).
+    qos: str = "latency_sensitive"
     raw: Dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
 
     @classmethod
