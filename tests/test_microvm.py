@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import platform
 import shutil
+import subprocess
 import time
 from pathlib import Path
 
@@ -101,9 +102,90 @@ def test_microvm_stop_leaves_nothing(vm_ok, client, node):
     assert not vm_dir.exists(), f"{vm_dir} left after stop: {list(vm_dir.iterdir())}"
 
 
-def test_microvm_unsupported_calls_are_refused(vm):
-    with pytest.raises(dsec.DSecError):
-        vm.pause()
+def _qemu_rss_kb(pid: int) -> int:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1])
+    return 0
+
+
+def _wait_gone(pids, timeout=10.0):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline and any(Path(f"/proc/{p}").exists() for p in pids):
+        time.sleep(0.05)
+    return not any(Path(f"/proc/{p}").exists() for p in pids)
+
+
+def test_microvm_pause_snapshot_resume_chain(vm_ok, client, node):
+    """Pause = snapshot to disk + QEMU ended (its memory back to the host); resume (transparent,
+    by the next call) restores it: a background counter started before carries on (same pid,
+    larger value), a file written before is intact and was on the host's writable disk. Twice."""
+    sb = client.run_microvm(DSecMicroVMRunArgs(container_image="busybox", memory_limit_mb=256), timeout=300)
+    vm_dir = Path(node.sandbox_dir(sb.id)) / "vm"
+    try:
+        data = os.urandom(50_000)
+        sb.write_file("/root/keep.bin", data)
+        sh(sb, "cd /root && (i=0; while :; do i=$((i+1)); echo $i > /root/counter; sleep 0.1; done) >/dev/null 2>&1 & echo $! > /root/loop.pid")
+        sh(sb, "export KEPT=session-env; cd /etc")
+        loop_pid = sh(sb, "cat /root/loop.pid").strip()
+        time.sleep(1.0)
+        for round_ in range(2):
+            pids = qemu_pids_for(str(vm_dir))
+            assert len(pids) == 1, pids
+            rss_before = _qemu_rss_kb(pids[0])
+            assert rss_before > 10_000, rss_before
+            before = int(sh(sb, "cat /root/counter"))
+            info = sb.pause()
+            assert info.state == "paused"
+            rep = info.last_pause
+            assert rep is not None and rep["memory_after_bytes"] == 0 and rep["memory_before_bytes"] > 0, rep
+            assert "snapshot" in rep["method"], rep["method"]
+            # QEMU is gone (its memory with it), the snapshot is on disk.
+            assert _wait_gone(pids), f"QEMU {pids} still running while paused"
+            assert not qemu_pids_for(str(vm_dir))
+            snap = vm_dir / "snapshot"
+            assert snap.is_file() and snap.stat().st_size > 1_000_000, snap
+            assert client.get_sandbox(sb.id).state == "paused"
+            # The writable layer is a file on the host: the counter's file is in it.
+            if shutil.which("debugfs"):
+                out = subprocess.run(["debugfs", "-R", "cat /upper/root/counter", str(vm_dir / "upper.img")],
+                                     capture_output=True, text=True, timeout=30).stdout.strip()
+                assert out.isdigit() and int(out) >= before, out
+            time.sleep(0.5)
+            # Transparent resume by the next call.
+            after = int(sh(sb, "cat /root/counter"))
+            assert after >= before, (before, after)
+            assert client.get_sandbox(sb.id).state == "running"
+            assert not snap.exists(), "the used snapshot was not removed"
+            new_pids = qemu_pids_for(str(vm_dir))
+            assert len(new_pids) == 1 and new_pids != pids, (pids, new_pids)
+            time.sleep(0.6)
+            later = int(sh(sb, "cat /root/counter"))
+            assert later > after, f"round {round_}: the counter did not continue ({after} -> {later})"
+            assert sh(sb, "cat /root/loop.pid").strip() == loop_pid
+            assert sh(sb, f"kill -0 {loop_pid} && echo alive").strip() == "alive", "the loop was restarted"
+            # The shell session kept its state.
+            assert sh(sb, 'echo "$KEPT $PWD"').strip() == "session-env /etc"
+            assert sb.read_file("/root/keep.bin") == data
+    finally:
+        stop_quietly(sb)
+    assert _wait_gone(qemu_pids_for(str(vm_dir)))
+    assert not vm_dir.exists()
+
+
+def test_microvm_stop_while_paused_leaves_nothing(vm_ok, client, node):
+    sb = client.run_microvm(DSecMicroVMRunArgs(container_image="busybox"), timeout=300)
+    vm_dir = Path(node.sandbox_dir(sb.id)) / "vm"
+    sh(sb, "echo x > /root/x")
+    sb.pause()
+    assert (vm_dir / "snapshot").is_file()
+    sb.stop()
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline and vm_dir.exists():
+        time.sleep(0.1)
+    assert not vm_dir.exists(), "VM dir (snapshot, disk) left after stop while paused"
+    assert not qemu_pids_for(str(vm_dir))
+    assert client.get_sandbox(sb.id).state == "stopped"
 
 
 def test_microvm_from_debian_layers(vm_ok, client, debian):

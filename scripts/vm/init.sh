@@ -3,7 +3,8 @@
 # a read-only virtio disk with serial dsec-m<i> (EROFS metadata image) and, when the layer keeps
 # its data in a separate blob, one with serial dsec-b<i>. Kernel command line:
 #   dsec.nlayers=N   number of layers
-# The root is an overlay of the layers with a tmpfs upper; aether (prepended to the initramfs by
+# The root is an overlay of the layers whose upper/work directories live on the per-VM writable
+# disk (serial dsec-upper: a raw ext4 image on the host; tmpfs when there is none); aether (prepended to the initramfs by
 # the edge as /dsec-aether, with the sandbox's env in /dsec-env) becomes PID 1 of the new root
 # and talks to the edge over the virtio-serial port named dsec.aether.
 PATH=/bin
@@ -112,7 +113,11 @@ done
 [ -n "$synced" ] || fail "the host never connected to $port"
 
 t synced
-mount -t tmpfs -o mode=0755 rw /rw || fail "mount tmpfs upper"
+if upper=$(find_dev dsec-upper); then
+    mount -t ext4 -o rw,noatime,discard "$upper" /rw || fail "mount the writable disk $upper"
+else
+    mount -t tmpfs -o mode=0755 rw /rw || fail "mount tmpfs upper"
+fi
 mkdir -p /rw/upper /rw/work
 mount -t overlay -o "lowerdir=$lower,upperdir=/rw/upper,workdir=/rw/work" overlay /newroot \
     || fail "mount overlay"

@@ -1083,12 +1083,6 @@ impl Manager {
     }
 
     async fn pause_entry(&self, e: &Arc<Entry>) -> Result<(), EdgeError> {
-        if lock(&e.info).substrate == Substrate::Microvm {
-            return Err(EdgeError::Unsupported(format!(
-                "sandbox {}: pause is not supported for microVM sandboxes yet",
-                e.id
-            )));
-        }
         let _op = e.op.lock().await;
         match lock(&e.info).state {
             SandboxState::Paused => return Ok(()),

@@ -2,12 +2,15 @@
 //!
 //! Sandboxes with `substrate: "microvm"` are routed here by the manager when the guest
 //! artefacts exist (`scripts/vm/build-guest.sh`); otherwise the create answers 501 with the
-//! reason. Pause/resume are refused with a clear error until snapshots land.
+//! reason. Pause snapshots the guest to disk and ends QEMU, resume restores it; a paused
+//! microVM is re-adopted after an edge restart (its snapshot is on disk), a running one is not
+//! (its channel closed with the old edge, which ends the guest).
 
 use std::path::PathBuf;
 use std::sync::Arc;
 
 use dsec_runtime::aether_client::AetherClient;
+use dsec_runtime::container::adopt::AdoptError;
 use dsec_runtime::container::pause::PauseError;
 use dsec_runtime::microvm::{MicroVmConfig, MicroVmSandbox, MicroVmSubstrate};
 use dsec_runtime::substrate::{
@@ -103,6 +106,28 @@ impl Driver for MicroVmDriver {
     fn reap_orphans(&self, known_live: Vec<String>) -> BoxFut<'_, Vec<String>> {
         Box::pin(async move { self.inner.reap_orphans(&known_live).await })
     }
+
+    fn adopt(
+        &self,
+        id: String,
+        dir: PathBuf,
+        pid: i32,
+    ) -> BoxFut<'_, Result<Box<dyn LiveSandbox>, AdoptError>> {
+        Box::pin(async move {
+            match self.inner.adopt_paused(&id, &dir) {
+                Ok(sandbox) => Ok(Box::new(MicroVmLive {
+                    substrate: self.inner.clone(),
+                    sandbox,
+                }) as Box<dyn LiveSandbox>),
+                Err(why) => {
+                    tracing::info!(sandbox = %id, reason = %why, "microVM not re-adoptable (only paused ones are)");
+                    // Whatever is left of it (a running VM ended with the old edge's channel).
+                    let _ = tokio::fs::remove_dir_all(dir.join("vm")).await;
+                    Err(AdoptError::Gone { id, pid })
+                }
+            }
+        })
+    }
 }
 
 impl LiveSandbox for MicroVmLive {
@@ -127,6 +152,8 @@ impl LiveSandbox for MicroVmLive {
     }
 
     fn exited(&self) -> BoxFut<'_, ()> {
+        // The channel of a microVM outlives its QEMU processes (pause ends one); it closes
+        // only when the VM is gone, which `exited` reports too.
         Box::pin(async move {
             tokio::select! {
                 _ = self.sandbox.exited() => {}
@@ -136,24 +163,16 @@ impl LiveSandbox for MicroVmLive {
     }
 
     fn pause(&self, _reclaim_memory: bool) -> BoxFut<'_, Result<PauseReport, PauseError>> {
-        Box::pin(async {
-            Err(PauseError::Task(
-                "pause is not supported for microVM sandboxes yet (snapshot/restore is planned)"
-                    .into(),
-            ))
-        })
+        // Always "reclaims": the whole QEMU process ends.
+        Box::pin(self.sandbox.pause())
     }
 
     fn resume(&self) -> BoxFut<'_, Result<(), PauseError>> {
-        Box::pin(async {
-            Err(PauseError::Task(
-                "resume is not supported for microVM sandboxes yet".into(),
-            ))
-        })
+        Box::pin(self.sandbox.resume())
     }
 
     fn is_paused(&self) -> bool {
-        false
+        self.sandbox.is_paused()
     }
 }
 

@@ -4,25 +4,28 @@
 //! packages. Per VM the substrate:
 //! 1. resolves the image's layers to files: the EROFS metadata image of each mounted lower and,
 //!    for split layers, its data blob — attached as read-only virtio disks (serial `dsec-m<i>` /
-//!    `dsec-b<i>`), which the guest's `/init` mounts (`-o device=`) under an overlay with a
-//!    tmpfs upper (the writable layer lives in guest memory for now);
+//!    `dsec-b<i>`), which the guest's `/init` mounts (`-o device=`) under an overlay whose
+//!    upper and work directories live on a per-VM writable disk: a sparse raw ext4 image
+//!    (`<vm dir>/upper.img`, no journal, serial `dsec-upper`) — a disk limit, and writable
+//!    state that stays on the host across a pause and that `pack` can read;
 //! 2. prepends a small cpio (the static aether binary, env, hostname) to the base initramfs;
 //! 3. listens on a unix socket and starts QEMU, whose virtio-serial port `dsec.aether`
 //!    connects to it: that stream is the aether channel, and aether (the guest's PID 1 after
 //!    `switch_root`, in bare mode) greets with `Ready`;
-//! 4. destroy kills QEMU and removes the VM's directory (`<sandbox dir>/vm`).
+//! 4. pause snapshots the guest to disk and ends QEMU; resume restores it ([`vm`]);
+//! 5. destroy kills QEMU and removes the VM's directory (`<sandbox dir>/vm`).
 
 pub mod cpio;
 pub mod qemu;
 pub mod qmp;
+pub mod relay;
+pub mod vm;
 
 use std::io;
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime};
-
-use tokio::sync::watch;
 
 use crate::aether_client::AetherClient;
 use crate::substrate::{
@@ -44,12 +47,18 @@ pub struct MicroVmConfig {
     pub blob_dirs: Vec<PathBuf>,
     /// How long the guest may take from QEMU's start to aether's `Ready`.
     pub boot_timeout: Duration,
+    /// Size of the per-VM writable disk (sparse) in MiB.
+    pub disk_mb: u64,
+    /// virtio-balloon with free page reporting.
+    pub balloon: bool,
 }
 
 impl MicroVmConfig {
     /// Defaults from the environment: `DSEC_MICROVM_ACCEL` (`kvm` | `tcg`, default `tcg`:
     /// this project's CI has no working KVM), `DSEC_MICROVM_MACHINE` (`pc` | `microvm`,
-    /// default `pc`), `DSEC_QEMU` (default `qemu-system-x86_64`).
+    /// default `pc`), `DSEC_QEMU` (default `qemu-system-x86_64`), `DSEC_MICROVM_DISK_MB`
+    /// (writable disk size, default 4096), `DSEC_MICROVM_BALLOON` (`0` turns virtio-balloon
+    /// free page reporting off).
     pub fn from_env(guest_dir: PathBuf, aether_path: PathBuf, blob_dirs: Vec<PathBuf>) -> Self {
         let accel = match std::env::var("DSEC_MICROVM_ACCEL").as_deref() {
             Ok("kvm") => Accel::Kvm,
@@ -69,6 +78,12 @@ impl MicroVmConfig {
             machine,
             blob_dirs,
             boot_timeout: Duration::from_secs(120),
+            disk_mb: std::env::var("DSEC_MICROVM_DISK_MB")
+                .ok()
+                .and_then(|v| v.parse().ok())
+                .filter(|&v: &u64| v >= 16)
+                .unwrap_or(4096),
+            balloon: std::env::var("DSEC_MICROVM_BALLOON").as_deref() != Ok("0"),
         }
     }
 
@@ -97,60 +112,95 @@ pub struct MicroVmSubstrate {
 
 type AetherCache = Option<(u64, SystemTime, Arc<Vec<u8>>)>;
 
-/// One running guest.
+/// One guest (running, or paused as a snapshot on disk).
 pub struct MicroVmSandbox {
     id: String,
     vm_dir: PathBuf,
-    pid: i32,
-    aether: AetherClient,
-    /// Becomes true once QEMU exited (and was reaped).
-    exited: watch::Receiver<bool>,
+    vm: vm::Vm,
 }
 
 impl std::fmt::Debug for MicroVmSandbox {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("MicroVmSandbox")
             .field("id", &self.id)
-            .field("pid", &self.pid)
+            .field("vm", &self.vm)
             .finish()
     }
 }
 
 impl MicroVmSandbox {
-    /// Resolves when QEMU has exited.
+    /// Resolves when the VM is gone (QEMU died on its own, or the VM was destroyed); a pause
+    /// ending QEMU does not count.
     pub async fn exited(&self) {
-        let mut rx = self.exited.clone();
-        let _ = rx.wait_for(|e| *e).await;
+        self.vm.dead().await
     }
 
     pub fn has_exited(&self) -> bool {
-        *self.exited.borrow()
+        self.vm.has_died()
     }
 
-    /// The VM's directory on the host (sockets, initramfs, console log).
+    /// The VM's directory on the host (sockets, initramfs, console log, disk, snapshot).
     pub fn vm_dir(&self) -> &Path {
         &self.vm_dir
     }
+
+    /// The per-VM writable disk image.
+    pub fn upper_disk(&self) -> PathBuf {
+        self.vm_dir.join(UPPER_DISK)
+    }
+
+    /// Snapshots the guest to disk and ends QEMU.
+    pub async fn pause(
+        &self,
+    ) -> Result<dsec_wire::api::PauseReport, crate::container::pause::PauseError> {
+        self.vm.pause().await
+    }
+
+    /// Restores the guest from its snapshot.
+    pub async fn resume(&self) -> Result<(), crate::container::pause::PauseError> {
+        self.vm.resume().await
+    }
+
+    pub fn is_paused(&self) -> bool {
+        self.vm.is_paused()
+    }
+
+    /// Stops (QMP `stop`) or continues (`cont`) the guest's vCPUs without a snapshot, e.g. to
+    /// read its disk consistently. Fails while paused by snapshot.
+    pub async fn freeze_vcpus(&self, freeze: bool) -> Result<(), String> {
+        if self.vm.pid() <= 0 {
+            return Err("the VM is not running".into());
+        }
+        let mut q = qmp::Qmp::connect_retry(&self.vm_dir.join("qmp.sock"), Duration::from_secs(5))
+            .await
+            .map_err(|e| e.to_string())?;
+        if freeze {
+            q.stop().await
+        } else {
+            q.cont().await
+        }
+        .map_err(|e| e.to_string())
+    }
 }
+
+/// The writable disk's file name inside the VM directory.
+pub const UPPER_DISK: &str = "upper.img";
 
 impl Sandbox for MicroVmSandbox {
     fn id(&self) -> &str {
         &self.id
     }
     fn aether(&self) -> &AetherClient {
-        &self.aether
+        self.vm.aether()
     }
     fn pid(&self) -> i32 {
-        self.pid
+        self.vm.pid()
     }
     fn usage(&self) -> Usage {
-        // QEMU's resident memory: the guest's RAM as far as it was touched, plus QEMU itself.
-        let rss = std::fs::read_to_string(format!("/proc/{}/statm", self.pid))
-            .ok()
-            .and_then(|s| s.split_whitespace().nth(1)?.parse::<u64>().ok())
-            .unwrap_or(0);
+        // QEMU's resident memory: the guest's RAM as far as it was touched, plus QEMU itself
+        // (0 while paused: the snapshot is on disk).
         Usage {
-            memory_bytes: rss * 4096,
+            memory_bytes: vm::rss_of(self.vm.pid()).0,
             pids: 1,
             oom_kills: 0,
         }
@@ -189,27 +239,6 @@ pub fn resolve_layers(
             Ok(GuestLayer { meta, blob })
         })
         .collect()
-}
-
-/// What the edge sends once connected; the guest's `/init` waits for it.
-const SYNC_BYTE: &[u8] = b"S";
-
-/// Connects to QEMU's listening socket, retrying until it exists.
-async fn connect_when_listening(path: &Path) -> io::Result<tokio::net::UnixStream> {
-    loop {
-        match tokio::net::UnixStream::connect(path).await {
-            Ok(s) => return Ok(s),
-            Err(e)
-                if matches!(
-                    e.kind(),
-                    io::ErrorKind::NotFound | io::ErrorKind::ConnectionRefused
-                ) =>
-            {
-                tokio::time::sleep(Duration::from_millis(20)).await
-            }
-            Err(e) => return Err(e),
-        }
-    }
 }
 
 fn spawn_err(what: &str, e: io::Error) -> CreateSandboxError {
@@ -349,6 +378,10 @@ impl MicroVmSubstrate {
             .write_initrd(spec, vm_dir)
             .await
             .map_err(|e| spawn_err("write the initramfs", e))?;
+        let upper = vm_dir.join(UPPER_DISK);
+        make_upper_disk(&upper, self.config.disk_mb)
+            .await
+            .map_err(|e| CreateSandboxError::Setup(format!("create the writable disk: {e}")))?;
         let sock = vm_dir.join("aether.sock");
         let kernel = self.config.guest_dir.join("vmlinuz");
         let console = vm_dir.join("console.log");
@@ -366,71 +399,73 @@ impl MicroVmSubstrate {
             qmp_socket: &qmp,
             pidfile: &pidfile,
             layers: &layers,
+            upper: Some(&upper),
+            balloon: self.config.balloon,
         });
-        let log = std::fs::File::create(vm_dir.join("qemu.log"))
-            .map_err(|e| spawn_err("create qemu.log", e))?;
-        let log2 = log.try_clone().map_err(|e| spawn_err("dup qemu.log", e))?;
-        let mut child = tokio::process::Command::new(&self.config.qemu_binary)
-            .args(&args)
-            .stdin(Stdio::null())
-            .stdout(log)
-            .stderr(log2)
-            .kill_on_drop(true)
-            .spawn()
-            .map_err(|e| spawn_err(&format!("start {}", self.config.qemu_binary.display()), e))?;
-        let pid = child.id().map(|p| p as i32).unwrap_or(0);
+        let launch = vm::Launch {
+            qemu_binary: self.config.qemu_binary.clone(),
+            args,
+        };
         tracing::info!(
-            sandbox = %spec.id, pid, accel = self.config.accel.as_str(),
-            machine = self.config.machine.as_str(), layers = layers.len(), "microVM started"
+            sandbox = %spec.id, accel = self.config.accel.as_str(),
+            machine = self.config.machine.as_str(), layers = layers.len(), "microVM starting"
         );
-        // QEMU listens on the channel socket once it has started; it may also die first.
-        let stream = tokio::select! {
-            r = tokio::time::timeout(Duration::from_secs(30), connect_when_listening(&sock)) => match r {
-                Ok(Ok(s)) => s,
-                Ok(Err(e)) => return Err(spawn_err("connect the aether channel", e)),
-                Err(_) => return Err(CreateSandboxError::Setup("QEMU did not open the aether channel socket within 30 s".into())),
-            },
-            st = child.wait() => {
-                let log = std::fs::read_to_string(vm_dir.join("qemu.log")).unwrap_or_default();
-                return Err(CreateSandboxError::Setup(format!("QEMU exited at start ({st:?}): {}", log.trim())));
-            }
-        };
-        let mut stream = stream;
-        // The guest's /init waits for this byte before starting aether: a read of a
-        // virtio-serial port whose host side is not yet open returns EOF.
-        tokio::io::AsyncWriteExt::write_all(&mut stream, SYNC_BYTE)
+        let vm = vm::Vm::boot(&spec.id, vm_dir, launch, self.config.boot_timeout)
             .await
-            .map_err(|e| spawn_err("send the sync byte", e))?;
-        let aether = AetherClient::new(stream);
-        let (tx, rx) = watch::channel(false);
-        let ready = tokio::select! {
-            r = tokio::time::timeout(self.config.boot_timeout, aether.wait_ready()) => match r {
-                Ok(Ok(_)) => Ok(()),
-                Ok(Err(e)) => Err(format!("the guest's channel closed before Ready: {e}")),
-                Err(_) => Err(format!("the guest sent no Ready within {:?}", self.config.boot_timeout)),
-            },
-            st = child.wait() => Err(format!("QEMU exited during boot ({st:?})")),
-        };
-        if let Err(msg) = ready {
-            let _ = child.start_kill();
-            let _ = child.wait().await;
-            return Err(CreateSandboxError::Setup(format!(
-                "{msg}; guest console: {}",
-                console_tail(vm_dir)
-            )));
-        }
-        tokio::spawn(async move {
-            let _ = child.wait().await;
-            let _ = tx.send(true);
-        });
+            .map_err(|msg| {
+                CreateSandboxError::Setup(format!("{msg}; guest console: {}", console_tail(vm_dir)))
+            })?;
+        tracing::info!(sandbox = %spec.id, pid = vm.pid(), "microVM ready");
         Ok(MicroVmSandbox {
             id: spec.id.clone(),
             vm_dir: vm_dir.to_path_buf(),
-            pid,
-            aether,
-            exited: rx,
+            vm,
         })
     }
+
+    /// Takes over a paused microVM of an earlier edge run (its snapshot is on disk). A VM that
+    /// was running when the edge went away is gone: its channel closed and the guest ended.
+    pub fn adopt_paused(&self, id: &str, sandbox_dir: &Path) -> Result<MicroVmSandbox, String> {
+        let vm_dir = sandbox_dir.join("vm");
+        let vm = vm::Vm::adopt_paused(id, &vm_dir)?;
+        Ok(MicroVmSandbox {
+            id: id.to_string(),
+            vm_dir,
+            vm,
+        })
+    }
+}
+
+/// Creates the sparse writable disk: a raw ext4 image without a journal (the host reads it
+/// read-only for `pack` after a `sync` in the guest, which then sees everything in place).
+async fn make_upper_disk(path: &Path, size_mb: u64) -> io::Result<()> {
+    let f = std::fs::File::create(path)?;
+    f.set_len(size_mb * 1024 * 1024)?;
+    drop(f);
+    let out = tokio::process::Command::new("mkfs.ext4")
+        .args([
+            "-q",
+            "-F",
+            "-O",
+            "^has_journal",
+            "-E",
+            "root_owner=0:0,lazy_itable_init=1",
+            "-m",
+            "0",
+        ])
+        .arg(path)
+        .stdin(Stdio::null())
+        .output()
+        .await
+        .map_err(|e| io::Error::new(e.kind(), format!("run mkfs.ext4: {e}")))?;
+    if !out.status.success() {
+        return Err(io::Error::other(format!(
+            "mkfs.ext4 {}: {}",
+            path.display(),
+            String::from_utf8_lossy(&out.stderr).trim()
+        )));
+    }
+    Ok(())
 }
 
 impl Substrate for MicroVmSubstrate {
@@ -461,21 +496,15 @@ impl Substrate for MicroVmSubstrate {
     }
 
     async fn destroy(&self, sandbox: &MicroVmSandbox) -> Result<(), DestroySandboxError> {
-        if !sandbox.has_exited() {
-            // SAFETY: kill(2) with a pid and a signal; the pid is QEMU's, still unreaped (the
-            // waiter task reaps it only after it exits, and `exited` is not yet set).
-            unsafe { libc::kill(sandbox.pid, libc::SIGKILL) };
-            if tokio::time::timeout(Duration::from_secs(10), sandbox.exited())
-                .await
-                .is_err()
-            {
-                return Err(DestroySandboxError::Io {
-                    id: sandbox.id.clone(),
-                    what: format!("QEMU (pid {}) did not exit after SIGKILL", sandbox.pid),
-                    source: io::Error::from(io::ErrorKind::TimedOut),
-                });
-            }
-        }
+        sandbox
+            .vm
+            .kill()
+            .await
+            .map_err(|what| DestroySandboxError::Io {
+                id: sandbox.id.clone(),
+                what,
+                source: io::Error::from(io::ErrorKind::TimedOut),
+            })?;
         match tokio::fs::remove_dir_all(&sandbox.vm_dir).await {
             Ok(()) => Ok(()),
             Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(()),

@@ -68,6 +68,10 @@ pub struct QemuArgs<'a> {
     pub pidfile: &'a Path,
     /// Top-most first.
     pub layers: &'a [GuestLayer],
+    /// The per-VM writable disk (raw ext4 image), attached read-write with serial `dsec-upper`.
+    pub upper: Option<&'a Path>,
+    /// virtio-balloon with free page reporting: pages the guest frees go back to the host.
+    pub balloon: bool,
 }
 
 fn esc(p: &Path) -> String {
@@ -124,6 +128,24 @@ pub fn command_line(a: &QemuArgs<'_>) -> Vec<String> {
             disk(format!("b{i}"), b);
         }
     }
+    if let Some(u) = a.upper {
+        let drive = format!(
+            "id=upper,file={},format=raw,if=none,cache=writeback,discard=unmap",
+            esc(u)
+        );
+        let dev = format!(
+            "{},drive=upper,serial=dsec-upper",
+            a.machine.dev("virtio-blk")
+        );
+        push(&["-drive", &drive, "-device", &dev]);
+    }
+    if a.balloon {
+        let dev = format!(
+            "{},id=balloon0,free-page-reporting=on",
+            a.machine.dev("virtio-balloon")
+        );
+        push(&["-device", &dev]);
+    }
     let serial = a.machine.dev("virtio-serial");
     let chan = format!(
         "socket,id=aether,path={},server=on,wait=off",
@@ -171,6 +193,8 @@ mod tests {
             qmp_socket: p,
             pidfile: p,
             layers: &layers,
+            upper: Some(Path::new("/d/upper.img")),
+            balloon: true,
         });
         let s = v.join(" ");
         assert!(s.contains("-accel tcg -m 256M -smp 2"));
@@ -180,5 +204,8 @@ mod tests {
         assert!(s.contains("file=/l/b,,c.erofs"));
         assert!(!s.contains("serial=dsec-b1"));
         assert!(s.contains("socket,id=aether,path=/d/aether.sock,server=on,wait=off"));
+        assert!(s.contains("id=upper,file=/d/upper.img,format=raw"));
+        assert!(s.contains("virtio-blk-pci,drive=upper,serial=dsec-upper"));
+        assert!(s.contains("virtio-balloon-pci,id=balloon0,free-page-reporting=on"));
     }
 }

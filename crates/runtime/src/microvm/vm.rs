@@ -1,0 +1,639 @@
+//! One guest's life: QEMU processes that come and go (pause by snapshot ends the process,
+//! resume starts a new one from the snapshot) behind one long-lived aether channel.
+//!
+//! Pause: the relay stops sending towards QEMU, `sync` in the guest already ran, QMP `stop`,
+//! the bytes QEMU had not read yet are set aside, QMP `migrate` to `exec:cat > snapshot`,
+//! `query-migrate` until completed, `quit`. The writable disk is a file on the host and needs
+//! no copy. Resume: the same command line plus `-S -incoming defer`, the relay attached to the
+//! new aether socket (before the guest runs, so it never sees its host side disconnected),
+//! `migrate-incoming exec:cat snapshot`, wait, `cont`, remove the snapshot.
+
+use std::io;
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::sync::atomic::{AtomicBool, AtomicI32, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use dsec_wire::aether::Request;
+use dsec_wire::api::PauseReport;
+use tokio::net::unix::{OwnedReadHalf, OwnedWriteHalf};
+use tokio::net::UnixStream;
+use tokio::sync::watch;
+
+use super::qmp::Qmp;
+use super::relay::{outq, Relay};
+use crate::aether_client::AetherClient;
+use crate::container::pause::PauseError;
+
+/// File names inside the VM directory.
+pub const SNAPSHOT: &str = "snapshot";
+pub const ARGS_FILE: &str = "qemu.args";
+
+/// How QEMU is started for this VM (kept to restart it from a snapshot).
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
+pub struct Launch {
+    pub qemu_binary: PathBuf,
+    pub args: Vec<String>,
+}
+
+/// One QEMU process of the VM.
+struct Proc {
+    pid: i32,
+    exited: watch::Receiver<bool>,
+    /// Set before the edge ends this process on purpose (pause, destroy).
+    intentional: Arc<AtomicBool>,
+    relay: Relay,
+}
+
+/// The edge's half of the channel while no QEMU runs (paused).
+struct Parked {
+    edge_r: OwnedReadHalf,
+    edge_w: OwnedWriteHalf,
+    /// Bytes for the guest that the last QEMU had not read.
+    pending: Vec<u8>,
+}
+
+enum Phase {
+    Running(Proc),
+    Paused(Parked),
+    Gone,
+}
+
+/// A guest and its QEMU process of the moment.
+pub struct Vm {
+    pub id: String,
+    pub vm_dir: PathBuf,
+    launch: Launch,
+    aether: AetherClient,
+    phase: tokio::sync::Mutex<Phase>,
+    pid: AtomicI32,
+    paused: AtomicBool,
+    dead_tx: Arc<watch::Sender<bool>>,
+    dead_rx: watch::Receiver<bool>,
+    /// Why the VM died, when it did on its own.
+    died: Arc<Mutex<Option<String>>>,
+}
+
+impl std::fmt::Debug for Vm {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Vm")
+            .field("id", &self.id)
+            .field("pid", &self.pid.load(Ordering::SeqCst))
+            .field("paused", &self.paused.load(Ordering::SeqCst))
+            .finish()
+    }
+}
+
+/// What the guest must see once the channel is open for the first time.
+const SYNC_BYTE: &[u8] = b"S";
+
+fn vm_err(what: impl Into<String>) -> PauseError {
+    PauseError::Task(what.into())
+}
+
+/// Connects to QEMU's listening socket, retrying until it exists.
+async fn connect_when_listening(path: &Path) -> io::Result<UnixStream> {
+    loop {
+        match UnixStream::connect(path).await {
+            Ok(s) => return Ok(s),
+            Err(e)
+                if matches!(
+                    e.kind(),
+                    io::ErrorKind::NotFound | io::ErrorKind::ConnectionRefused
+                ) =>
+            {
+                tokio::time::sleep(Duration::from_millis(10)).await
+            }
+            Err(e) => return Err(e),
+        }
+    }
+}
+
+/// Resident memory of a process: (total, anonymous, file + shmem) in bytes.
+pub fn rss_of(pid: i32) -> (u64, u64, u64) {
+    if pid <= 0 {
+        return (0, 0, 0);
+    }
+    let s = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
+    let kb = |key: &str| -> u64 {
+        s.lines()
+            .find_map(|l| l.strip_prefix(key))
+            .and_then(|v| v.split_whitespace().next()?.parse::<u64>().ok())
+            .unwrap_or(0)
+            * 1024
+    };
+    (
+        kb("VmRSS:"),
+        kb("RssAnon:"),
+        kb("RssFile:") + kb("RssShmem:"),
+    )
+}
+
+/// A started QEMU process before its channel is attached.
+struct Started {
+    child: tokio::process::Child,
+    pid: i32,
+    stream: UnixStream,
+}
+
+async fn start_qemu(launch: &Launch, vm_dir: &Path, extra: &[&str]) -> Result<Started, String> {
+    let sock = vm_dir.join("aether.sock");
+    let _ = std::fs::remove_file(&sock);
+    let _ = std::fs::remove_file(vm_dir.join("qmp.sock"));
+    let log = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(vm_dir.join("qemu.log"))
+        .map_err(|e| format!("open qemu.log: {e}"))?;
+    let log2 = log.try_clone().map_err(|e| format!("dup qemu.log: {e}"))?;
+    let mut child = tokio::process::Command::new(&launch.qemu_binary)
+        .args(&launch.args)
+        .args(extra)
+        .stdin(Stdio::null())
+        .stdout(log)
+        .stderr(log2)
+        .kill_on_drop(true)
+        .spawn()
+        .map_err(|e| format!("start {}: {e}", launch.qemu_binary.display()))?;
+    let pid = child.id().map(|p| p as i32).unwrap_or(0);
+    let stream = tokio::select! {
+        r = tokio::time::timeout(Duration::from_secs(30), connect_when_listening(&sock)) => match r {
+            Ok(Ok(s)) => s,
+            Ok(Err(e)) => return Err(format!("connect the aether channel: {e}")),
+            Err(_) => return Err("QEMU did not open the aether channel socket within 30 s".into()),
+        },
+        st = child.wait() => {
+            let log = std::fs::read_to_string(vm_dir.join("qemu.log")).unwrap_or_default();
+            let tail: Vec<&str> = log.lines().rev().take(5).collect();
+            return Err(format!("QEMU exited at start ({st:?}): {}", tail.into_iter().rev().collect::<Vec<_>>().join(" | ")));
+        }
+    };
+    Ok(Started { child, pid, stream })
+}
+
+/// Reaps `child` in the background: `exited` becomes true, and `dead` too (with a reason) when
+/// the exit was not asked for.
+fn spawn_waiter(
+    mut child: tokio::process::Child,
+    intentional: Arc<AtomicBool>,
+    dead_tx: Arc<watch::Sender<bool>>,
+    died: Arc<Mutex<Option<String>>>,
+) -> watch::Receiver<bool> {
+    let (tx, rx) = watch::channel(false);
+    tokio::spawn(async move {
+        let st = child.wait().await;
+        let _ = tx.send(true);
+        if !intentional.load(Ordering::SeqCst) {
+            *died.lock().unwrap_or_else(|p| p.into_inner()) =
+                Some(format!("QEMU exited on its own ({st:?})"));
+            let _ = dead_tx.send(true);
+        }
+    });
+    rx
+}
+
+/// Ends a process the pause could not bring back to a sane state: the VM is lost.
+fn fail_dead(proc: Proc, msg: &str) -> (Option<Proc>, PauseError) {
+    proc.intentional.store(true, Ordering::SeqCst);
+    if !*proc.exited.borrow() {
+        // SAFETY: kill(2) on QEMU's pid, not reaped yet (its waiter has not reported the exit).
+        unsafe { libc::kill(proc.pid, libc::SIGKILL) };
+    }
+    (None, vm_err(format!("{msg}; the VM was ended")))
+}
+
+impl Vm {
+    /// Starts a fresh guest (cold boot) and waits for aether's `Ready`.
+    pub async fn boot(
+        id: &str,
+        vm_dir: &Path,
+        launch: Launch,
+        boot_timeout: Duration,
+    ) -> Result<Vm, String> {
+        let args_json = serde_json::to_vec(&launch).map_err(|e| format!("encode args: {e}"))?;
+        std::fs::write(vm_dir.join(ARGS_FILE), args_json)
+            .map_err(|e| format!("write {ARGS_FILE}: {e}"))?;
+        let Started {
+            mut child,
+            pid,
+            mut stream,
+        } = start_qemu(&launch, vm_dir, &[]).await?;
+        // The guest's /init waits for this byte before starting aether: a read of a
+        // virtio-serial port whose host side is not yet open returns EOF.
+        if let Err(e) = tokio::io::AsyncWriteExt::write_all(&mut stream, SYNC_BYTE).await {
+            return Err(format!("send the sync byte: {e}"));
+        }
+        let (client_end, edge_end) = UnixStream::pair().map_err(|e| format!("socketpair: {e}"))?;
+        let aether = AetherClient::new(client_end);
+        let (edge_r, edge_w) = edge_end.into_split();
+        let intentional = Arc::new(AtomicBool::new(false));
+        let relay = Relay::start(edge_r, edge_w, stream, Vec::new(), intentional.clone());
+        let ready = tokio::select! {
+            r = tokio::time::timeout(boot_timeout, aether.wait_ready()) => match r {
+                Ok(Ok(_)) => Ok(()),
+                Ok(Err(e)) => Err(format!("the guest's channel closed before Ready: {e}")),
+                Err(_) => Err(format!("the guest sent no Ready within {boot_timeout:?}")),
+            },
+            st = child.wait() => Err(format!("QEMU exited during boot ({st:?})")),
+        };
+        if let Err(msg) = ready {
+            intentional.store(true, Ordering::SeqCst);
+            let _ = child.start_kill();
+            let _ = child.wait().await;
+            return Err(msg);
+        }
+        let (dead_tx, dead_rx) = watch::channel(false);
+        let dead_tx = Arc::new(dead_tx);
+        let died = Arc::new(Mutex::new(None));
+        let exited = spawn_waiter(child, intentional.clone(), dead_tx.clone(), died.clone());
+        Ok(Vm {
+            id: id.to_string(),
+            vm_dir: vm_dir.to_path_buf(),
+            launch,
+            aether,
+            phase: tokio::sync::Mutex::new(Phase::Running(Proc {
+                pid,
+                exited,
+                intentional,
+                relay,
+            })),
+            pid: AtomicI32::new(pid),
+            paused: AtomicBool::new(false),
+            dead_tx,
+            dead_rx,
+            died,
+        })
+    }
+
+    /// Takes over a paused VM of an earlier edge run: its directory holds the command line and
+    /// the snapshot. The guest's channel is a fresh stream; aether in the guest keeps its
+    /// sessions.
+    pub fn adopt_paused(id: &str, vm_dir: &Path) -> Result<Vm, String> {
+        if !vm_dir.join(SNAPSHOT).is_file() {
+            return Err(format!("no snapshot in {}", vm_dir.display()));
+        }
+        let raw =
+            std::fs::read(vm_dir.join(ARGS_FILE)).map_err(|e| format!("read {ARGS_FILE}: {e}"))?;
+        let launch: Launch =
+            serde_json::from_slice(&raw).map_err(|e| format!("parse {ARGS_FILE}: {e}"))?;
+        let (client_end, edge_end) =
+            std::os::unix::net::UnixStream::pair().map_err(|e| format!("socketpair: {e}"))?;
+        let conv = |s: std::os::unix::net::UnixStream| -> Result<UnixStream, String> {
+            s.set_nonblocking(true)
+                .map_err(|e| format!("nonblocking: {e}"))?;
+            UnixStream::from_std(s).map_err(|e| format!("register socket: {e}"))
+        };
+        let aether = AetherClient::new(conv(client_end)?);
+        let (edge_r, edge_w) = conv(edge_end)?.into_split();
+        let (dead_tx, dead_rx) = watch::channel(false);
+        Ok(Vm {
+            id: id.to_string(),
+            vm_dir: vm_dir.to_path_buf(),
+            launch,
+            aether,
+            phase: tokio::sync::Mutex::new(Phase::Paused(Parked {
+                edge_r,
+                edge_w,
+                pending: Vec::new(),
+            })),
+            pid: AtomicI32::new(0),
+            paused: AtomicBool::new(true),
+            dead_tx: Arc::new(dead_tx),
+            dead_rx,
+            died: Arc::new(Mutex::new(None)),
+        })
+    }
+
+    pub fn aether(&self) -> &AetherClient {
+        &self.aether
+    }
+
+    /// QEMU's pid, 0 while paused.
+    pub fn pid(&self) -> i32 {
+        self.pid.load(Ordering::SeqCst)
+    }
+
+    pub fn is_paused(&self) -> bool {
+        self.paused.load(Ordering::SeqCst)
+    }
+
+    pub fn has_died(&self) -> bool {
+        *self.dead_rx.borrow()
+    }
+
+    /// Why the VM died on its own, if it did.
+    pub fn death_reason(&self) -> Option<String> {
+        self.died.lock().unwrap_or_else(|p| p.into_inner()).clone()
+    }
+
+    /// Resolves when the VM is gone: QEMU exited without being asked, or it was destroyed.
+    pub async fn dead(&self) {
+        let mut rx = self.dead_rx.clone();
+        let _ = rx.wait_for(|d| *d).await;
+    }
+
+    pub fn snapshot_path(&self) -> PathBuf {
+        self.vm_dir.join(SNAPSHOT)
+    }
+
+    /// Snapshots the guest to `<vm_dir>/snapshot` and ends QEMU.
+    pub async fn pause(&self) -> Result<PauseReport, PauseError> {
+        let started = Instant::now();
+        let mut phase = self.phase.lock().await;
+        let proc = match std::mem::replace(&mut *phase, Phase::Gone) {
+            Phase::Running(p) => p,
+            other => {
+                let paused = matches!(other, Phase::Paused(_));
+                *phase = other;
+                return if paused {
+                    Err(vm_err(format!("microVM {} is already paused", self.id)))
+                } else {
+                    Err(vm_err(format!("microVM {} is gone", self.id)))
+                };
+            }
+        };
+        let (before, anon, file) = rss_of(proc.pid);
+        // Dirty guest pages of the writable disk reach the image file (pack reads it there).
+        let sync = Request::Exec {
+            argv: vec!["/bin/sync".into()],
+            timeout_ms: 30_000,
+            env: Default::default(),
+            cwd: None,
+            user: None,
+            max_output: 4096,
+            stream: false,
+        };
+        if let Err(e) = tokio::time::timeout(
+            Duration::from_secs(30),
+            self.aether.run(sync, bytes::Bytes::new()),
+        )
+        .await
+        {
+            tracing::warn!(vm = %self.id, error = %e, "sync in the guest before the snapshot timed out");
+        }
+        match self.snapshot(proc).await {
+            Ok((parked, snap_bytes)) => {
+                *phase = Phase::Paused(parked);
+                self.pid.store(0, Ordering::SeqCst);
+                self.paused.store(true, Ordering::SeqCst);
+                Ok(PauseReport {
+                    memory_before_bytes: before,
+                    memory_after_bytes: 0,
+                    page_cache_before_bytes: file,
+                    page_cache_after_bytes: 0,
+                    anon_before_bytes: anon,
+                    anon_after_bytes: 0,
+                    method: format!(
+                        "snapshot: QMP stop + migrate to {} ({snap_bytes} bytes), QEMU ended",
+                        self.snapshot_path().display()
+                    ),
+                    pause_ms: started.elapsed().as_secs_f64() * 1000.0,
+                })
+            }
+            Err((proc, e)) => {
+                let _ = std::fs::remove_file(self.vm_dir.join(format!("{SNAPSHOT}.tmp")));
+                *phase = match proc {
+                    Some(p) => Phase::Running(p),
+                    None => {
+                        let _ = self.dead_tx.send(true);
+                        Phase::Gone
+                    }
+                };
+                Err(e)
+            }
+        }
+    }
+
+    /// The snapshot steps; on error gives the process back when it still runs (and the guest
+    /// was continued).
+    async fn snapshot(&self, mut proc: Proc) -> Result<(Parked, u64), (Option<Proc>, PauseError)> {
+        let end = match tokio::time::timeout(Duration::from_secs(10), proc.relay.detach()).await {
+            Ok(Ok(end)) if !end.broken => end,
+            Ok(Ok(_)) => return Err(fail_dead(proc, "the VM's channel broke")),
+            Ok(Err(e)) => return Err(fail_dead(proc, &e)),
+            Err(_) => {
+                return Err(fail_dead(
+                    proc,
+                    "the guest did not take the bytes sent to it within 10 s",
+                ))
+            }
+        };
+        // Bytes for the guest that QEMU has not read yet would die with it: let the guest
+        // (still running) take them first.
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while outq(&end.qemu_w).unwrap_or(0) > 0 {
+            if Instant::now() > deadline {
+                proc.relay.reattach(end);
+                return Err((
+                    Some(proc),
+                    vm_err("the guest did not read its channel within 5 s; not paused"),
+                ));
+            }
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        let qmp_path = self.vm_dir.join("qmp.sock");
+        let tmp = self.vm_dir.join(format!("{SNAPSHOT}.tmp"));
+        let steps = async {
+            let mut q = Qmp::connect_retry(&qmp_path, Duration::from_secs(5))
+                .await
+                .map_err(|e| e.to_string())?;
+            q.stop().await.map_err(|e| e.to_string())?;
+            Ok::<_, String>(q)
+        };
+        let mut q = match steps.await {
+            Ok(q) => q,
+            Err(e) => {
+                proc.relay.reattach(end);
+                return Err((Some(proc), vm_err(format!("QMP stop: {e}"))));
+            }
+        };
+        let uri = format!(
+            "exec:cat > {}",
+            crate::microvm::cpio::shell_quote(&tmp.display().to_string())
+        );
+        let migrated = async {
+            q.migrate(&uri).await.map_err(|e| e.to_string())?;
+            q.wait_migration(Duration::from_secs(600))
+                .await
+                .map_err(|e| e.to_string())
+        }
+        .await;
+        if let Err(e) = migrated {
+            let _ = q.cont().await;
+            proc.relay.reattach(end);
+            return Err((Some(proc), vm_err(format!("snapshot: {e}"))));
+        }
+        if let Err(e) = std::fs::rename(&tmp, self.snapshot_path()) {
+            let _ = q.cont().await;
+            proc.relay.reattach(end);
+            return Err((Some(proc), vm_err(format!("rename the snapshot: {e}"))));
+        }
+        proc.intentional.store(true, Ordering::SeqCst);
+        let _ = q.quit().await;
+        drop(q);
+        let mut exited = proc.exited.clone();
+        if tokio::time::timeout(Duration::from_secs(10), exited.wait_for(|e| *e))
+            .await
+            .is_err()
+        {
+            // SAFETY: kill(2) on QEMU's pid, which is not reaped yet (its waiter has not
+            // reported the exit).
+            unsafe { libc::kill(proc.pid, libc::SIGKILL) };
+            let _ = tokio::time::timeout(Duration::from_secs(10), exited.wait_for(|e| *e)).await;
+        }
+        drop(end.qemu_w);
+        let edge_w = match proc.relay.finish().await {
+            Ok(Some(w)) => w,
+            Ok(None) => return Err((None, vm_err("the channel to the edge closed"))),
+            Err(e) => return Err((None, vm_err(e))),
+        };
+        let size = std::fs::metadata(self.snapshot_path())
+            .map(|m| m.len())
+            .unwrap_or(0);
+        Ok((
+            Parked {
+                edge_r: end.edge_r,
+                edge_w,
+                pending: Vec::new(),
+            },
+            size,
+        ))
+    }
+
+    /// Restores the guest from its snapshot and continues it.
+    pub async fn resume(&self) -> Result<(), PauseError> {
+        let mut phase = self.phase.lock().await;
+        match &*phase {
+            Phase::Paused(_) => {}
+            Phase::Running(_) => return Ok(()),
+            Phase::Gone => return Err(vm_err(format!("microVM {} is gone", self.id))),
+        }
+        let snap = self.snapshot_path();
+        if !snap.is_file() {
+            return Err(vm_err(format!("snapshot {} is missing", snap.display())));
+        }
+        let Started {
+            mut child,
+            pid,
+            stream,
+        } = start_qemu(&self.launch, &self.vm_dir, &["-S", "-incoming", "defer"])
+            .await
+            .map_err(vm_err)?;
+        let uri = format!(
+            "exec:cat {}",
+            crate::microvm::cpio::shell_quote(&snap.display().to_string())
+        );
+        let restore = async {
+            let mut q = Qmp::connect_retry(&self.vm_dir.join("qmp.sock"), Duration::from_secs(10))
+                .await
+                .map_err(|e| e.to_string())?;
+            q.migrate_incoming(&uri).await.map_err(|e| e.to_string())?;
+            let deadline = Instant::now() + Duration::from_secs(600);
+            loop {
+                let st = q.query_status().await.map_err(|e| e.to_string())?;
+                if st != "inmigrate" {
+                    break;
+                }
+                if Instant::now() > deadline {
+                    return Err("restore did not finish in 600 s".to_string());
+                }
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+            let m = q.query_migrate().await.map_err(|e| e.to_string())?;
+            if m.status == "failed" {
+                return Err(format!(
+                    "restore failed: {}",
+                    m.error.unwrap_or_else(|| "unknown error".into())
+                ));
+            }
+            Ok(q)
+        };
+        let restored = tokio::select! {
+            r = restore => r,
+            st = child.wait() => Err(format!("QEMU exited during the restore ({st:?})")),
+        };
+        let mut q = match restored {
+            Ok(q) => q,
+            Err(e) => {
+                let _ = child.start_kill();
+                let _ = child.wait().await;
+                let log = std::fs::read_to_string(self.vm_dir.join("qemu.log")).unwrap_or_default();
+                let tail: Vec<&str> = log.lines().rev().take(3).collect();
+                return Err(vm_err(format!(
+                    "restore microVM {}: {e}; qemu: {}",
+                    self.id,
+                    tail.into_iter().rev().collect::<Vec<_>>().join(" | ")
+                )));
+            }
+        };
+        let Phase::Paused(parked) = std::mem::replace(&mut *phase, Phase::Gone) else {
+            unreachable!("checked above under the same lock")
+        };
+        let intentional = Arc::new(AtomicBool::new(false));
+        let relay = Relay::start(
+            parked.edge_r,
+            parked.edge_w,
+            stream,
+            parked.pending,
+            intentional.clone(),
+        );
+        let exited = spawn_waiter(
+            child,
+            intentional.clone(),
+            self.dead_tx.clone(),
+            self.died.clone(),
+        );
+        *phase = Phase::Running(Proc {
+            pid,
+            exited,
+            intentional,
+            relay,
+        });
+        self.pid.store(pid, Ordering::SeqCst);
+        self.paused.store(false, Ordering::SeqCst);
+        if let Err(e) = q.cont().await {
+            // The process runs but the guest does not: treat as dead.
+            let _ = self.dead_tx.send(true);
+            return Err(vm_err(format!("cont after restore: {e}")));
+        }
+        // The snapshot is consumed: the next pause writes a new one.
+        if let Err(e) = std::fs::remove_file(&snap) {
+            tracing::warn!(vm = %self.id, error = %e, "remove the used snapshot");
+        }
+        Ok(())
+    }
+
+    /// Ends QEMU (if it runs) and closes the channel. Idempotent.
+    pub async fn kill(&self) -> Result<(), String> {
+        let mut phase = self.phase.lock().await;
+        let result = match std::mem::replace(&mut *phase, Phase::Gone) {
+            Phase::Running(p) => {
+                p.intentional.store(true, Ordering::SeqCst);
+                let mut exited = p.exited.clone();
+                if !*exited.borrow() {
+                    // SAFETY: kill(2) on QEMU's pid, not reaped yet (its waiter has not
+                    // reported the exit).
+                    unsafe { libc::kill(p.pid, libc::SIGKILL) };
+                }
+                let r =
+                    tokio::time::timeout(Duration::from_secs(10), exited.wait_for(|e| *e)).await;
+                // Dropping the relay's halves closes the client's channel.
+                drop(p.relay);
+                if r.is_err() {
+                    Err(format!("QEMU (pid {}) did not exit after SIGKILL", p.pid))
+                } else {
+                    Ok(())
+                }
+            }
+            Phase::Paused(parked) => {
+                drop(parked);
+                Ok(())
+            }
+            Phase::Gone => Ok(()),
+        };
+        self.pid.store(0, Ordering::SeqCst);
+        let _ = self.dead_tx.send(true);
+        result
+    }
+}
