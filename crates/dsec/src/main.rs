@@ -113,6 +113,9 @@ pub enum Command {
     /// Load generators for benchmarks.
     #[command(subcommand)]
     Bench(cmd::bench::BenchCommand),
+    /// Full-VM disk images: `prepare-image` (inject aether), `image import|ls|rm`.
+    #[command(subcommand)]
+    Vm(cmd::vm::VmCommand),
 }
 
 #[derive(Args, Debug)]
@@ -271,6 +274,7 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Key(c) => cmd::key::key(&cmd::bench::Api::from_global(&g)?, c).await,
         Command::Top(a) => cmd::top::top(&cmd::bench::Api::from_global(&g)?, a).await,
         Command::Bench(c) => cmd::bench::bench(&g, c).await,
+        Command::Vm(c) => cmd::vm::vm(c).await,
     }
 }
 

@@ -29,6 +29,7 @@ pub mod config;
 pub mod disk;
 pub mod error;
 pub mod files;
+pub mod fullvm;
 pub mod function;
 pub mod http;
 pub mod manager;
@@ -119,6 +120,7 @@ impl Edge {
         let blob_store = edge.manager.image_store().blob_store();
         edge.manager
             .set_microvm_driver(microvm::driver(vm_aether, &blob_store));
+        edge.manager.set_fullvm_driver(fullvm::driver());
         edge.reclaim = reclaim::Reclaim::start(&edge.manager).await;
         if edge.cfg.functions.enabled {
             edge.functions = Some(function::Functions::start(

@@ -253,7 +253,7 @@ async fn edge_http_end_to_end() {
     assert!(msg.contains("memroy"), "{msg}");
     let r = api
         .post("/edge/v1/sandboxes")
-        .json(&json!({"image": "busybox", "substrate": "vm"}))
+        .json(&json!({"image": "busybox", "substrate": "function"}))
         .send()
         .await
         .unwrap();

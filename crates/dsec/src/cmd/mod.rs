@@ -13,6 +13,7 @@ pub mod sandbox;
 pub mod shell;
 pub mod top;
 pub mod trajectory;
+pub mod vm;
 
 /// Prints a value as pretty JSON on stdout.
 pub fn print_json<T: serde::Serialize>(v: &T) -> anyhow::Result<()> {

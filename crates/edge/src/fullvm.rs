@@ -1,0 +1,234 @@
+//! The edge's driver for the full-VM substrate ([`dsec_runtime::fullvm`]).
+//!
+//! Sandboxes with `substrate: "vm"` are routed here by the manager; their `image` names a VM
+//! disk image (not an image of the layer store): `<data_dir>/vm-images/<name>.qcow2`
+//! (registered with `dsec vm image import`), else `${DSEC_CACHE:-/var/cache/dsec}/vm/<name>.qcow2`
+//! (built by `scripts/vm/build-disk.sh`). Pause/resume snapshot the VM like a microVM.
+//! What a full VM cannot do is refused: network rules (a VM has no network), sandbox-wide env,
+//! a non-root init user, workspaces/toolkits (layers), and `pack` (checked in the manager).
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use dsec_runtime::aether_client::AetherClient;
+use dsec_runtime::container::pause::PauseError;
+use dsec_runtime::fullvm::{FullVmConfig, FullVmSandbox, FullVmSubstrate};
+use dsec_runtime::substrate::{
+    CreateSandboxError, DestroySandboxError, Sandbox, SandboxSpec, Substrate as _, Usage,
+};
+use dsec_wire::api::PauseReport;
+
+use crate::substrate::{BoxFut, Driver, LiveSandbox};
+use crate::EdgeError;
+
+/// Checks a VM image name: 1-64 of `[A-Za-z0-9._-]`, not starting with `.` or `-`.
+pub fn valid_name(name: &str) -> bool {
+    !name.is_empty()
+        && name.len() <= 64
+        && !name.starts_with(['.', '-'])
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-'))
+}
+
+/// The directories searched for `<name>.qcow2`, in order.
+pub fn image_dirs(data_dir: &Path) -> Vec<PathBuf> {
+    let cache = std::env::var_os("DSEC_CACHE")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from("/var/cache/dsec"));
+    vec![data_dir.join("vm-images"), cache.join("vm")]
+}
+
+/// Resolves a VM image name to its disk file.
+pub fn resolve_image(data_dir: &Path, name: &str) -> Result<PathBuf, EdgeError> {
+    if !valid_name(name) {
+        return Err(EdgeError::BadRequest(format!(
+            "VM image name {name:?}: 1-64 of [A-Za-z0-9._-], not starting with '.' or '-'"
+        )));
+    }
+    let dirs = image_dirs(data_dir);
+    dirs.iter()
+        .map(|d| d.join(format!("{name}.qcow2")))
+        .find(|p| p.is_file())
+        .ok_or_else(|| {
+            EdgeError::ImageNotFound(format!(
+                "VM image {name:?} not found (looked in {}); register one with `dsec vm image import {name} FILE --data-dir ...` or build the default with scripts/vm/build-disk.sh",
+                dirs.iter().map(|d| d.display().to_string()).collect::<Vec<_>>().join(", ")
+            ))
+        })
+}
+
+/// Validates the parts of a create request a full VM cares about; returns the image name.
+pub fn check_request(req: &dsec_wire::api::CreateSandboxRequest) -> Result<String, EdgeError> {
+    if req.workspace.is_some() || !req.toolkits.is_empty() {
+        return Err(EdgeError::BadRequest(
+            "workspace and toolkits are layers of the image store; a full VM boots a disk image and cannot take them".into(),
+        ));
+    }
+    if !valid_name(&req.image) {
+        return Err(EdgeError::BadRequest(format!(
+            "VM image name {:?}: 1-64 of [A-Za-z0-9._-], not starting with '.' or '-'",
+            req.image
+        )));
+    }
+    Ok(req.image.clone())
+}
+
+/// After an edge restart a full VM is not taken over: its QEMU (found by the pidfile in
+/// `<sandbox dir>/vm/qemu.pid`, and only if that pid is a QEMU) is killed, and the returned
+/// reason is recorded.
+pub fn not_readopted(sandbox_dir: &Path) -> String {
+    let pid = std::fs::read_to_string(sandbox_dir.join("vm/qemu.pid"))
+        .ok()
+        .and_then(|s| s.trim().parse::<i32>().ok())
+        .filter(|p| *p > 1);
+    if let Some(pid) = pid {
+        let comm = std::fs::read_to_string(format!("/proc/{pid}/comm")).unwrap_or_default();
+        if comm.starts_with("qemu-system") {
+            // SAFETY: kill(2) with a pid read from the VM's pidfile whose process is a QEMU
+            // (checked just above via /proc/<pid>/comm); no memory is touched.
+            unsafe { libc::kill(pid, libc::SIGKILL) };
+        }
+    }
+    "full-VM sandboxes are not re-adopted after an edge restart (its QEMU was ended)".into()
+}
+
+/// The driver if QEMU and qemu-img are installed, else why not (for the 501).
+pub fn driver() -> Result<Arc<dyn Driver>, String> {
+    let config = FullVmConfig::from_env();
+    for bin in [&config.qemu_binary, &config.qemu_img] {
+        let found = if bin.is_absolute() {
+            bin.is_file()
+        } else {
+            std::env::var_os("PATH")
+                .map(|p| std::env::split_paths(&p).any(|d| d.join(bin).is_file()))
+                .unwrap_or(false)
+        };
+        if !found {
+            return Err(format!(
+                "{} is not installed: run scripts/install-deps.sh (qemu-system-x86, qemu-utils)",
+                bin.display()
+            ));
+        }
+    }
+    tracing::info!(
+        accel = config.accel.as_str(),
+        machine = config.machine.as_str(),
+        "full-VM substrate available"
+    );
+    Ok(Arc::new(FullVmDriver {
+        inner: Arc::new(FullVmSubstrate::new(config)),
+    }))
+}
+
+/// [`Driver`] for the full-VM substrate.
+pub struct FullVmDriver {
+    inner: Arc<FullVmSubstrate>,
+}
+
+struct FullVmLive {
+    substrate: Arc<FullVmSubstrate>,
+    sandbox: FullVmSandbox,
+}
+
+impl Driver for FullVmDriver {
+    fn kind(&self) -> dsec_wire::api::Substrate {
+        dsec_wire::api::Substrate::Vm
+    }
+
+    fn create(
+        &self,
+        spec: SandboxSpec,
+    ) -> BoxFut<'_, Result<Box<dyn LiveSandbox>, CreateSandboxError>> {
+        Box::pin(async move {
+            if spec.netns.is_some() {
+                return Err(CreateSandboxError::InvalidSpec(
+                    "network rules are not supported for full-VM sandboxes yet (a VM has no network)".into(),
+                ));
+            }
+            if !spec.protected_paths.is_empty() {
+                return Err(CreateSandboxError::InvalidSpec(
+                    "protected_paths are not supported for full-VM sandboxes (no Landlock in the guest)".into(),
+                ));
+            }
+            let sandbox = self.inner.create(spec).await?;
+            Ok(Box::new(FullVmLive {
+                substrate: self.inner.clone(),
+                sandbox,
+            }) as Box<dyn LiveSandbox>)
+        })
+    }
+
+    fn reap_orphans(&self, known_live: Vec<String>) -> BoxFut<'_, Vec<String>> {
+        Box::pin(async move { self.inner.reap_orphans(&known_live).await })
+    }
+}
+
+impl LiveSandbox for FullVmLive {
+    fn id(&self) -> &str {
+        self.sandbox.id()
+    }
+
+    fn aether(&self) -> &AetherClient {
+        self.sandbox.aether()
+    }
+
+    fn pid(&self) -> i32 {
+        self.sandbox.pid()
+    }
+
+    fn usage(&self) -> Usage {
+        self.sandbox.usage()
+    }
+
+    fn destroy(&self) -> BoxFut<'_, Result<(), DestroySandboxError>> {
+        Box::pin(self.substrate.destroy(&self.sandbox))
+    }
+
+    fn exited(&self) -> BoxFut<'_, ()> {
+        // Only QEMU's own death counts: during a pause the channel is parked, not closed.
+        Box::pin(self.sandbox.exited())
+    }
+
+    fn pause(&self, _reclaim_memory: bool) -> BoxFut<'_, Result<PauseReport, PauseError>> {
+        Box::pin(self.sandbox.pause())
+    }
+
+    fn resume(&self) -> BoxFut<'_, Result<(), PauseError>> {
+        Box::pin(self.sandbox.resume())
+    }
+
+    fn is_paused(&self) -> bool {
+        self.sandbox.is_paused()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_and_lookup() {
+        assert!(valid_name("debian"));
+        assert!(valid_name("deb-12.1_x"));
+        assert!(!valid_name(""));
+        assert!(!valid_name(".x"));
+        assert!(!valid_name("../etc"));
+        assert!(!valid_name("a/b"));
+        let t = tempfile::tempdir().unwrap();
+        std::fs::create_dir_all(t.path().join("vm-images")).unwrap();
+        std::fs::write(t.path().join("vm-images/mine.qcow2"), b"x").unwrap();
+        assert_eq!(
+            resolve_image(t.path(), "mine").unwrap(),
+            t.path().join("vm-images/mine.qcow2")
+        );
+        assert!(matches!(
+            resolve_image(t.path(), "nope-does-not-exist"),
+            Err(EdgeError::ImageNotFound(_))
+        ));
+        assert!(matches!(
+            resolve_image(t.path(), "../x"),
+            Err(EdgeError::BadRequest(_))
+        ));
+    }
+}

@@ -1,0 +1,153 @@
+//! The QEMU command line of one full VM.
+
+use std::path::Path;
+
+use crate::microvm::Accel;
+
+/// The PC machine type: `q35` (PCIe, the default) or `pc` (i440FX).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PcMachine {
+    Q35,
+    Pc,
+}
+
+impl PcMachine {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            PcMachine::Q35 => "q35",
+            PcMachine::Pc => "pc",
+        }
+    }
+}
+
+/// Direct kernel boot: QEMU loads the kernel and initramfs itself (no firmware boot loader);
+/// the disk is still the root file system (`root=` in `append`).
+#[derive(Debug, Clone, PartialEq)]
+pub struct DirectBoot<'a> {
+    pub kernel: &'a Path,
+    pub initrd: Option<&'a Path>,
+    pub append: &'a str,
+}
+
+/// Everything the command line depends on.
+#[derive(Debug, Clone)]
+pub struct FullVmArgs<'a> {
+    pub machine: PcMachine,
+    pub accel: Accel,
+    pub memory_mb: u64,
+    pub vcpus: u32,
+    /// The VM's copy-on-write overlay (qcow2 whose backing file is the image).
+    pub overlay: &'a Path,
+    /// `None`: boot through the firmware (SeaBIOS) from the disk's boot loader.
+    pub direct: Option<DirectBoot<'a>>,
+    pub console_log: &'a Path,
+    /// Unix socket QEMU listens on for the aether channel (virtio-serial port `dsec.aether`).
+    pub aether_socket: &'a Path,
+    pub qmp_socket: &'a Path,
+    pub pidfile: &'a Path,
+}
+
+fn esc(p: &Path) -> String {
+    // QEMU option values separate with ','; a literal comma is written twice.
+    p.display().to_string().replace(',', ",,")
+}
+
+/// The argument vector after the binary name.
+pub fn command_line(a: &FullVmArgs<'_>) -> Vec<String> {
+    let mut v: Vec<String> = Vec::new();
+    let mut push = |s: &[&str]| v.extend(s.iter().map(|x| x.to_string()));
+    let mem = format!("{}M", a.memory_mb);
+    let smp = a.vcpus.max(1).to_string();
+    push(&[
+        "-M",
+        a.machine.as_str(),
+        "-accel",
+        a.accel.as_str(),
+        "-m",
+        &mem,
+        "-smp",
+        &smp,
+    ]);
+    push(&["-nodefaults", "-no-user-config", "-nographic", "-no-reboot"]);
+    if let Some(d) = &a.direct {
+        push(&["-kernel", &esc(d.kernel), "-append", d.append]);
+        if let Some(i) = d.initrd {
+            push(&["-initrd", &esc(i)]);
+        }
+    }
+    // The firmware (SeaBIOS) and the boot loader print on the serial port too.
+    let log = format!("file,id=log,path={}", esc(a.console_log));
+    push(&["-chardev", &log, "-serial", "chardev:log"]);
+    let drive = format!(
+        "id=disk0,file={},format=qcow2,if=none,cache=writeback,discard=unmap",
+        esc(a.overlay)
+    );
+    push(&[
+        "-drive",
+        &drive,
+        "-device",
+        "virtio-blk-pci,drive=disk0,bootindex=0",
+    ]);
+    let chan = format!(
+        "socket,id=aether,path={},server=on,wait=off",
+        esc(a.aether_socket)
+    );
+    push(&[
+        "-device",
+        "virtio-serial-pci",
+        "-chardev",
+        &chan,
+        "-device",
+        "virtserialport,chardev=aether,name=dsec.aether",
+    ]);
+    let qmp = format!("unix:{},server=on,wait=off", esc(a.qmp_socket));
+    push(&["-qmp", &qmp, "-pidfile", &esc(a.pidfile)]);
+    v
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn args<'a>(direct: Option<DirectBoot<'a>>) -> FullVmArgs<'a> {
+        let p = Path::new("/x");
+        FullVmArgs {
+            machine: PcMachine::Q35,
+            accel: Accel::Tcg,
+            memory_mb: 512,
+            vcpus: 2,
+            overlay: Path::new("/vm/overlay,1.qcow2"),
+            direct,
+            console_log: p,
+            aether_socket: Path::new("/vm/aether.sock"),
+            qmp_socket: p,
+            pidfile: p,
+        }
+    }
+
+    #[test]
+    fn firmware_boot_from_the_overlay() {
+        let s = command_line(&args(None)).join(" ");
+        assert!(s.starts_with("-M q35 -accel tcg -m 512M -smp 2"));
+        assert!(s.contains("file=/vm/overlay,,1.qcow2,format=qcow2,if=none"));
+        assert!(s.contains("virtio-blk-pci,drive=disk0,bootindex=0"));
+        assert!(!s.contains("-kernel"));
+        assert!(s.contains("socket,id=aether,path=/vm/aether.sock,server=on,wait=off"));
+        assert!(s.contains("virtserialport,chardev=aether,name=dsec.aether"));
+    }
+
+    #[test]
+    fn direct_kernel_boot() {
+        let k = Path::new("/k/vmlinuz");
+        let v = command_line(&args(Some(DirectBoot {
+            kernel: k,
+            initrd: Some(Path::new("/k/initrd.img")),
+            append: "root=/dev/vda1 console=ttyS0",
+        })));
+        let s = v.join(" ");
+        assert!(s.contains("-kernel /k/vmlinuz -append root=/dev/vda1 console=ttyS0"));
+        assert!(s.contains("-initrd /k/initrd.img"));
+        // The append string stays one argument.
+        assert!(v.iter().any(|a| a == "root=/dev/vda1 console=ttyS0"));
+    }
+}
