@@ -223,10 +223,8 @@ def test_idle_best_effort_memory_moves_to_zram_and_ls_is_untouched(rnode, rclien
         assert sh(be, "echo ok") == "ok\n"
         recs = be.trajectory(kind="reclaim")
         assert recs and "cold" in recs[0]["request"]["reason"], recs
-        metrics = rnode_metrics(rnode)
-        assert f'dsec_edge_reclaimed_bytes_total{{mechanism="cgroup",node="{NODE}",sandbox="{be.id}"}}' in metrics or (
-            "damon" in metrics
-        ), metrics[-2000:]
+        metrics = [l for l in rnode_metrics(rnode).splitlines() if l.startswith("dsec_edge_reclaimed_bytes_total{") and be.id in l]
+        assert metrics and float(metrics[0].split()[-1]) >= 40 << 20, metrics
     finally:
         stop_quietly(be)
         stop_quietly(ls)
