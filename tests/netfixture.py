@@ -179,11 +179,25 @@ class NetUp(DsecUp):
         self._stdout_lines = queue.Queue()
         return self.start()
 
-    def leftovers(self) -> dict:
+    def spares(self) -> dict:
+        """The edge's spare namespaces (built ahead of demand, no sandbox in them yet)."""
+        nss = [n for n in os.listdir("/run/netns") if n.startswith(self.table + "-pool")] if os.path.isdir("/run/netns") else []
+        veths = [n for n in os.listdir("/sys/class/net") if n.startswith(self.veth_prefix + "p")]
+        return {k: v for k, v in dict(netns=nss, veths=veths).items() if v}
+
+    def leftovers(self, spares: bool = False) -> dict:
         """Per-sandbox kernel objects of this edge that exist now: namespaces, veths, nft
-        chains, loop devices backed by files under the data dir, mounts under it."""
+        chains, loop devices backed by files under the data dir, mounts under it. Spare
+        namespaces that are not in use (`<table>-pool<n>`, `<prefix>p<n>` without a verdict map
+        entry) count only with `spares=True` (after the edge stopped, nothing may remain)."""
+        used = set(re.findall(r'"([^"]+)" : jump sb_', sh(f"nft list table inet {self.table}", check=False).stdout))
         nss = [n for n in os.listdir("/run/netns") if n.startswith(self.table + "-")] if os.path.isdir("/run/netns") else []
         veths = [n for n in os.listdir("/sys/class/net") if n.startswith(self.veth_prefix)]
+        if not spares:
+            idle = {v for v in veths if v.startswith(self.veth_prefix + "p") and v not in used}
+            veths = [v for v in veths if v not in idle]
+            idle_ns = {f"{self.table}-pool{v[len(self.veth_prefix) + 1:]}" for v in idle}
+            nss = [n for n in nss if n not in idle_ns]
         chains = [l.split()[1] for l in sh(f"nft list table inet {self.table}", check=False).stdout.splitlines()
                   if l.strip().startswith("chain sb_")]
         loops = [l for l in sh("losetup -a", check=False).stdout.splitlines() if self.data_dir in l]
@@ -197,7 +211,7 @@ class NetUp(DsecUp):
         left = {}
         deadline = time.monotonic() + 5
         while time.monotonic() < deadline:
-            left = self.leftovers()
+            left = self.leftovers(spares=True)
             if not left:
                 break
             time.sleep(0.2)

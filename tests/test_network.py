@@ -6,6 +6,7 @@ and serve made-up `*.test` names from the edge's static DNS table."""
 from __future__ import annotations
 
 import os
+import re
 import signal
 import socket
 import time
@@ -190,15 +191,46 @@ def test_bad_requests(nclient):
             make(nclient, **kw)
 
 
+def _veth_of(key: str) -> str:
+    """The host veth the verdict map sends to the sandbox's chain (its own, or a spare's)."""
+    text = sh(f"nft list map inet {TABLE} veth_fwd", check=False).stdout
+    found = re.findall(r'"([^"]+)" : jump sb_' + key + r'\b', text)
+    assert len(found) == 1, text
+    return found[0]
+
+
 def test_cleanup_after_stop(nclient):
     sb = make(nclient, network={"mode": "allowlist"})
     key = sb.id.rsplit("-", 1)[1][-12:]
-    assert os.path.exists(f"/sys/class/net/dst{key}")
+    veth = _veth_of(key)
+    # A spare `dstp<n>` lives in namespace `<table>-pool<n>`; an own veth `dst<key>` in `<table>-<id>`.
+    ns = f"{TABLE}-pool{veth[4:]}" if veth.startswith("dstp") else f"{TABLE}-{sb.id}"
+    assert os.path.exists(f"/sys/class/net/{veth}")
+    assert os.path.exists(f"/run/netns/{ns}")
     assert sh(f"nft list chain inet {TABLE} sb_{key}", check=False).returncode == 0
     sb.stop()
-    assert not os.path.exists(f"/sys/class/net/dst{key}")
+    assert not os.path.exists(f"/sys/class/net/{veth}")
     assert sh(f"nft list chain inet {TABLE} sb_{key}", check=False).returncode != 0
-    assert not os.path.exists(f"/run/netns/{TABLE}-{sb.id}")
+    assert not os.path.exists(f"/run/netns/{ns}")
+
+
+def test_spares_claimed_and_replaced(nclient, net_node):
+    """After the first networked create the edge keeps spare namespaces ready; a create claims
+    one (its veth is then the one the verdict map points at) and a replacement is built."""
+    first = make(nclient, network={"mode": "allowlist"})
+    assert wait_until(lambda: len(net_node.spares().get("veths", [])) >= 2, timeout=20), net_node.spares()
+    sb = make(nclient, network={"mode": "allowlist"})
+    try:
+        veth = _veth_of(sb.id.rsplit("-", 1)[1][-12:])
+        assert veth.startswith("dstp"), f"a spare was ready but {veth} was built"
+        # The sandbox's address is the one configured in the spare's namespace, and inside
+        # the sandbox that address is on its eth0.
+        addr = sb.network()["ipv4"]
+        assert f"inet {addr}/32" in sh(f"ip -n {TABLE}-pool{veth[4:]} -4 addr show eth0").stdout
+        assert addr in sb.run_shell("cat /proc/net/fib_trie").stdout
+    finally:
+        sb.stop()
+        first.stop()
 
 
 def test_failed_create_leaves_nothing(nclient, net_node):

@@ -1751,6 +1751,7 @@ impl Manager {
             .iter()
             .map(|e| self.finish(e, End::Stopped("the edge shut down".into())));
         futures::future::join_all(stops).await;
+        self.net.shutdown().await;
         if let Err(e) = self.images.unmount_all() {
             tracing::error!(error = %e, "unmount image layers");
         }

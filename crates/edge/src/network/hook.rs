@@ -22,6 +22,11 @@ pub struct Extras {
 pub struct SavedNetwork {
     pub spec: NetworkSpec,
     pub host_no: u32,
+    /// Namespace and host veth names (absent in records of older edges: derived from the id).
+    #[serde(default)]
+    pub ns: Option<String>,
+    #[serde(default)]
+    pub veth: Option<String>,
 }
 
 const SAVED: &str = "network.json";
@@ -96,10 +101,15 @@ pub async fn prepare(
 }
 
 fn save(net: &Network, id: &str, dir: &Path, spec: NetworkSpec) {
-    let Some(host_no) = net.host_no(id) else {
+    let Some((host_no, ns, veth)) = net.placement_of(id) else {
         return;
     };
-    let saved = SavedNetwork { spec, host_no };
+    let saved = SavedNetwork {
+        spec,
+        host_no,
+        ns: Some(ns),
+        veth: Some(veth),
+    };
     match serde_json::to_vec(&saved) {
         Ok(b) => {
             if let Err(e) = std::fs::write(dir.join(SAVED), b) {

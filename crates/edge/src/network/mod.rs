@@ -11,9 +11,11 @@
 pub mod dns;
 pub mod hook;
 pub mod http;
+pub mod libnft;
 pub mod netns;
 pub mod nft;
 pub mod policy;
+pub mod pool;
 
 use std::collections::{BTreeMap, HashMap};
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
@@ -52,6 +54,9 @@ pub struct NetworkConfig {
     pub dns_ttl_s: u32,
     /// TCP ports a name resolved through an enabled group may be reached on.
     pub domain_ports: Vec<u16>,
+    /// Spare namespaces with configured veths kept ready after the first networked create,
+    /// so that a create only adds its rules (0: build each sandbox's namespace on demand).
+    pub pool_size: usize,
 }
 
 impl Default for NetworkConfig {
@@ -78,6 +83,7 @@ impl Default for NetworkConfig {
             hosts: BTreeMap::new(),
             dns_ttl_s: 60,
             domain_ports: vec![80, 443],
+            pool_size: 8,
         }
     }
 }
@@ -132,6 +138,9 @@ impl NetworkConfig {
         for (name, addrs) in &self.hosts {
             policy::validate_pattern(name).map_err(|m| bad("network.hosts", m))?;
             dns::parse_addrs(addrs).map_err(|m| bad("network.hosts", format!("{name}: {m}")))?;
+        }
+        if self.pool_size > 1024 {
+            return Err(bad("network.pool_size", "must be 0..=1024"));
         }
         if self.domain_ports.contains(&0) {
             return Err(bad("network.domain_ports", "ports must be 1-65535"));
@@ -206,6 +215,11 @@ pub struct Network {
     by_addr: Mutex<HashMap<IpAddr, Arc<SbNet>>>,
     init: tokio::sync::OnceCell<()>,
     dns_refused_total: AtomicU64,
+    /// Spare namespaces ([`pool`]).
+    pool: Mutex<Vec<pool::Spare>>,
+    pool_kick: Arc<tokio::sync::Notify>,
+    pool_started: std::sync::atomic::AtomicBool,
+    pool_closed: std::sync::atomic::AtomicBool,
 }
 
 /// The short key of a sandbox id (its last 12 hex digits) naming chains, sets and the veth.
@@ -251,6 +265,10 @@ impl Network {
             by_addr: Mutex::new(HashMap::new()),
             init: tokio::sync::OnceCell::new(),
             dns_refused_total: AtomicU64::new(0),
+            pool: Mutex::new(Vec::new()),
+            pool_kick: Arc::new(tokio::sync::Notify::new()),
+            pool_started: std::sync::atomic::AtomicBool::new(false),
+            pool_closed: std::sync::atomic::AtomicBool::new(false),
         })
     }
 
@@ -299,13 +317,28 @@ impl Network {
         policy: Policy,
     ) -> Result<Attachment, NetError> {
         self.ensure_init().await?;
-        let (host_no, ipv4, ipv6) = lock(&self.alloc)
-            .take()
-            .ok_or_else(|| NetError::Exhausted(self.cfg.subnet_v4.clone()))?;
         let key = key_of(id);
+        // A spare namespace when one is ready, else this sandbox's own (named after it).
+        let spare = self.claim_spare();
+        let (host_no, ipv4, ipv6, ns, veth, ready) = match spare {
+            Some(s) => (s.host_no, s.ipv4, s.ipv6, s.ns, s.veth, Some(s.fd)),
+            None => {
+                let (n, v4, v6) = lock(&self.alloc)
+                    .take()
+                    .ok_or_else(|| NetError::Exhausted(self.cfg.subnet_v4.clone()))?;
+                (
+                    n,
+                    v4,
+                    v6,
+                    format!("{}-{id}", self.cfg.table),
+                    format!("{}{key}", self.cfg.veth_prefix),
+                    None,
+                )
+            }
+        };
         let sb = Arc::new(SbNet {
-            veth: format!("{}{key}", self.cfg.veth_prefix),
-            ns: format!("{}-{id}", self.cfg.table),
+            veth,
+            ns,
             key,
             host_no,
             ipv4,
@@ -318,7 +351,10 @@ impl Network {
         let base = self.resolved.base.clone();
         let s2 = sb.clone();
         let built = blocking(move || {
-            let prepared = netns::create(&s2.ns, &s2.veth, base.gateway_v4, s2.ipv4, s2.ipv6)?;
+            let prepared = match ready {
+                Some(fd) => netns::Prepared { fd },
+                None => netns::create(&s2.ns, &s2.veth, base.gateway_v4, s2.ipv4, s2.ipv6)?,
+            };
             let p = lock(&s2.policy).clone();
             let rules = nft::SandboxRules {
                 key: &s2.key,
@@ -356,9 +392,11 @@ impl Network {
         })
     }
 
-    /// The host number (address index) of an attached sandbox.
-    pub fn host_no(&self, id: &str) -> Option<u32> {
-        lock(&self.sandboxes).get(id).map(|s| s.host_no)
+    /// The host number (address index), namespace and host veth names of an attached sandbox.
+    pub fn placement_of(&self, id: &str) -> Option<(u32, String, String)> {
+        lock(&self.sandboxes)
+            .get(id)
+            .map(|s| (s.host_no, s.ns.clone(), s.veth.clone()))
     }
 
     /// The current policy of an attached sandbox.
@@ -383,8 +421,14 @@ impl Network {
             .ok_or_else(|| NetError::Policy(format!("address #{} is taken", saved.host_no)))?;
         let key = key_of(id);
         let sb = Arc::new(SbNet {
-            veth: format!("{}{key}", self.cfg.veth_prefix),
-            ns: format!("{}-{id}", self.cfg.table),
+            veth: saved
+                .veth
+                .clone()
+                .unwrap_or_else(|| format!("{}{key}", self.cfg.veth_prefix)),
+            ns: saved
+                .ns
+                .clone()
+                .unwrap_or_else(|| format!("{}-{id}", self.cfg.table)),
             key,
             host_no: saved.host_no,
             ipv4,
@@ -510,10 +554,11 @@ impl Network {
         let ns_prefix = format!("{}-", self.cfg.table);
         let veth_prefix = self.cfg.veth_prefix.clone();
         let table = self.cfg.table.clone();
-        let live: Vec<(String, String)> = lock(&self.sandboxes)
+        let mut live: Vec<(String, String)> = lock(&self.sandboxes)
             .values()
             .map(|s| (s.ns.clone(), s.veth.clone()))
             .collect();
+        live.extend(self.spare_names());
         let live_keys: Vec<String> = lock(&self.sandboxes)
             .values()
             .map(|s| s.key.clone())
@@ -533,12 +578,19 @@ impl Network {
             if live.is_empty() {
                 nft::delete_table(&table);
             } else {
-                // Chains, sets and counters of sandboxes that were not re-adopted.
-                for key in nft::list_keys(&table) {
+                // Chains, sets and counters of sandboxes that were not re-adopted (their
+                // veth may have been a spare's: the verdict maps say which).
+                let text = nft::list_table(&table);
+                let veth_of = nft::map_veths(&text);
+                for key in nft::chain_keys(&text) {
                     if live_keys.contains(&key) {
                         continue;
                     }
-                    let veth = format!("{}{key}", base.veth_prefix);
+                    let veth = veth_of
+                        .iter()
+                        .find(|(_, k)| *k == key)
+                        .map(|(v, _)| v.clone())
+                        .unwrap_or_else(|| format!("{}{key}", base.veth_prefix));
                     match nft::apply(&nft::detach_orphan_script(&base, &key, &veth)) {
                         Ok(()) => reaped.push(format!("nft:sb_{key}")),
                         Err(e) => {

@@ -7,7 +7,8 @@
 //! and then accepts only what the allow sets hold; everything else hits the sandbox's named
 //! counter and is dropped. Sets: static allows (`addr . proto . port-range`, intervals), ICMP
 //! destinations, and DNS grants (`addr . port` with per-element timeouts, filled by the DNS
-//! proxy). Every change is one `nft -f` transaction, so a rule update is atomic and applies
+//! proxy). Every change is one nftables transaction (in-process through [`super::libnft`], else
+//! `nft -f`), so a rule update is atomic and applies
 //! to the next packet of a new connection.
 
 use std::fmt::Write as _;
@@ -256,16 +257,49 @@ pub fn chain_keys(text: &str) -> Vec<String> {
     keys
 }
 
-/// The per-sandbox chain keys present in the table (empty when the table is absent).
-pub fn list_keys(table: &str) -> Vec<String> {
+/// `nft list table inet <table>` (empty when the table is absent).
+pub fn list_table(table: &str) -> String {
+    if let Some(r) = super::libnft::run(&format!("list table inet {table}\n")) {
+        return r.unwrap_or_default();
+    }
     match Command::new("nft")
         .args(["list", "table", "inet", table])
         .stderr(Stdio::null())
         .output()
     {
-        Ok(o) if o.status.success() => chain_keys(&String::from_utf8_lossy(&o.stdout)),
-        _ => Vec::new(),
+        Ok(o) if o.status.success() => String::from_utf8_lossy(&o.stdout).into_owned(),
+        _ => String::new(),
     }
+}
+
+/// The per-sandbox chain keys present in the table (empty when the table is absent).
+pub fn list_keys(table: &str) -> Vec<String> {
+    chain_keys(&list_table(table))
+}
+
+/// `(veth, key)` of every `"<veth>" : jump sb_<key>` entry of the verdict maps in `nft list
+/// table` output (each veth once).
+pub fn map_veths(text: &str) -> Vec<(String, String)> {
+    let mut out: Vec<(String, String)> = Vec::new();
+    let mut rest = text;
+    while let Some(i) = rest.find(": jump sb_") {
+        let before = rest[..i].trim_end();
+        let after = &rest[i + ": jump sb_".len()..];
+        let key: String = after
+            .chars()
+            .take_while(|c| c.is_ascii_alphanumeric())
+            .collect();
+        if let Some(stripped) = before.strip_suffix('"') {
+            if let Some(q) = stripped.rfind('"') {
+                let veth = stripped[q + 1..].to_string();
+                if !key.is_empty() && !out.iter().any(|(v, _)| *v == veth) {
+                    out.push((veth, key));
+                }
+            }
+        }
+        rest = after;
+    }
+    out
 }
 
 /// Adds DNS-granted destinations (`addr . port`) with a timeout.
@@ -290,7 +324,14 @@ pub fn grant_script(b: &Base, key: &str, addr: IpAddr, ports: &[u16], ttl: Durat
 
 /// Runs `nft -f -` with `script` as one transaction.
 pub fn apply(script: &str) -> Result<(), NetError> {
-    super::run_fed("nft", &["-f", "-"], script).map_err(|e| match e {
+    let done = match super::libnft::run(script) {
+        Some(r) => r.map(drop).map_err(|message| NetError::Tool {
+            tool: "nft",
+            message,
+        }),
+        None => super::run_fed("nft", &["-f", "-"], script),
+    };
+    done.map_err(|e| match e {
         NetError::Tool { tool, message } => NetError::Tool {
             tool,
             message: format!("{message}\nscript:\n{script}"),
@@ -427,6 +468,18 @@ mod tests {
     }
 
     /// The generated scripts against the real nftables (a scratch table, removed at the end).
+    #[test]
+    fn veths_of_map_entries() {
+        let text = "map veth_fwd {\n\t\ttype ifname : verdict\n\t\telements = { \"dsvp7\" : jump sb_00ab, \"dsv00cd\" : jump sb_00cd }\n\t}\n\tmap veth_inp {\n\t\telements = { \"dsvp7\" : jump sb_00ab_in }\n}";
+        assert_eq!(
+            map_veths(text),
+            vec![
+                ("dsvp7".to_string(), "00ab".to_string()),
+                ("dsv00cd".to_string(), "00cd".to_string())
+            ]
+        );
+    }
+
     #[test]
     fn scripts_apply_to_the_kernel() {
         if !nix::unistd::geteuid().is_root()
