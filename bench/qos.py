@@ -11,13 +11,15 @@ that keep 10%, 30% and 50% of the node busy: one loader per core, each a busy lo
 `cpu_cores_limit` = load (so the loaders together use load x cores). Each load runs twice: with
 no QoS (loaders are latency-sensitive too) and with QoS (loaders are `best_effort`: SCHED_IDLE,
 lowest cgroup weight, cpu.idle). Reported: median and p99 step compute time, and their inflation
-against the alone run. "alone" is measured before and after the loaded runs; the machine's load
-average (other users of the host) is printed with the results.
+against the alone run. The cases are interleaved: `--rounds` rounds, each running every case
+(alone included) for steps/rounds steps in a shuffled order, so that load from other users of
+the host spreads over all cases; the machine's load average is printed with the results.
 """
 
 import argparse
 import json
 import os
+import random
 import statistics
 import time
 
@@ -88,6 +90,8 @@ def main():
     ap.add_argument("--sleep-ms", type=float, default=20.0)
     ap.add_argument("--loads", default="10,30,50", help="node load of the loaders, percent")
     ap.add_argument("--cores", type=int, default=os.cpu_count(), help="loaders (one per core)")
+    ap.add_argument("--rounds", type=int, default=5, help="interleaved rounds (host noise spreads over all cases)")
+    ap.add_argument("--seed", type=int, default=1)
     a = ap.parse_args()
     loads = [int(x) for x in a.loads.split(",")]
     c = DSecClient(timeout=600)
@@ -109,11 +113,12 @@ def main():
             rows.append((name, mode, load, s))
             print(f"  {name:28} p50 {s['p50_ms']:7.2f} ms  p99 {s['p99_ms']:7.2f} ms", flush=True)
 
-        record("alone (before)", "alone", 0, run_steps(ls, a.steps, iters, a.sleep_ms))
+        # Loaders for every (load, mode), created up front; their loops start and stop per run.
+        loaders = {}
         for load in loads:
             for mode in ("no_qos", "qos"):
                 qos = "best_effort" if mode == "qos" else "latency_sensitive"
-                loaders = [
+                loaders[(load, mode)] = [
                     c.run_container(
                         DSecContainerRunArgs(
                             container_image="busybox", memory_limit_mb=32, cpu_cores_limit=load / 100.0, qos=qos
@@ -122,27 +127,44 @@ def main():
                     )
                     for _ in range(a.cores)
                 ]
-                try:
-                    for ld in loaders:
-                        ld.run_shell("(while :; do :; done) >/dev/null 2>&1 &")
-                    time.sleep(1.0)
-                    record(f"{load}% load, {mode}", mode, load, run_steps(ls, a.steps, iters, a.sleep_ms))
-                finally:
-                    for ld in loaders:
-                        try:
-                            ld.stop()
-                        except Exception as e:  # noqa: BLE001 - keep stopping the others
-                            print(f"stop loader {ld.id}: {e}")
-        record("alone (after)", "alone", 0, run_steps(ls, a.steps, iters, a.sleep_ms))
+        configs = [(0, "alone")] + [(load, mode) for load in loads for mode in ("no_qos", "qos")]
+        per_round = max(1, a.steps // a.rounds)
+        collected = {cfg: [] for cfg in configs}
+        rng = random.Random(a.seed)
+        try:
+            for rnd in range(a.rounds):
+                order = configs[:]
+                rng.shuffle(order)
+                for load, mode in order:
+                    group = loaders.get((load, mode), [])
+                    for ld in group:
+                        ld.run_shell("(while :; do :; done) >/dev/null 2>&1 & echo $! > /tmp/loop.pid")
+                    try:
+                        if group:
+                            time.sleep(0.5)
+                        collected[(load, mode)] += run_steps(ls, per_round, iters, a.sleep_ms)
+                    finally:
+                        for ld in group:
+                            ld.run_shell("kill $(cat /tmp/loop.pid)")
+                print(f"round {rnd + 1}/{a.rounds} done; load average {loadavg()}", flush=True)
+        finally:
+            for group in loaders.values():
+                for ld in group:
+                    try:
+                        ld.stop()
+                    except Exception as e:  # noqa: BLE001 - keep stopping the others
+                        print(f"stop loader {ld.id}: {e}")
+        for load, mode in configs:
+            name = "alone" if mode == "alone" else f"{load}% load, {mode}"
+            record(name, mode, load, collected[(load, mode)])
     finally:
         ls.stop()
         c.close()
     results["loadavg_after"] = loadavg()
-    alone = [s for (_, m, _, s) in rows if m == "alone"]
-    base = {k: statistics.fmean(s[k] for s in alone) for k in ("p50_ms", "p99_ms")}
+    base = next(s for (_, m, _, s) in rows if m == "alone")
     results["alone_ms"] = base
     print()
-    print(f"alone: p50 {base['p50_ms']:.2f} ms, p99 {base['p99_ms']:.2f} ms (mean of before/after runs)")
+    print(f"alone: p50 {base['p50_ms']:.2f} ms, p99 {base['p99_ms']:.2f} ms")
     print(f"{'load':>5} {'mode':>7} {'p50 ms':>8} {'p50 infl':>9} {'p99 ms':>8} {'p99 infl':>9}")
     table = []
     for name, mode, load, s in rows:
