@@ -56,7 +56,7 @@ impl Default for QosConfig {
             cpu_usage_limit: 1.0,
             start_reservation_mb: 64,
             start_reservation_cpu: 0.1,
-            sample_ms: 1000,
+            sample_ms: 2000,
             best_effort_cgroup_idle: true,
             core_scheduling: true,
         }
@@ -180,11 +180,8 @@ impl Qos {
                     Amount::new(b.req.memory_mb.min(res.memory_mb), b.req.cpu.min(res.cpu));
                 continue;
             }
-            // Not measured yet: its reservation.
-            let used = b.used.unwrap_or(Amount::new(
-                b.req.memory_mb.min(res.memory_mb),
-                b.req.cpu.min(res.cpu),
-            ));
+            // Not measured (yet, or never: a microVM has no sandbox cgroup): its request.
+            let used = b.used.unwrap_or(b.req);
             // LS memory counts by its request (the floor); BE by its working set.
             if b.class == QosClass::BestEffort {
                 s.used.memory_mb += used.memory_mb;
@@ -349,5 +346,50 @@ mod tests {
         assert!(is_best_effort(&info));
         let t: QosConfig = toml::from_str("default_class = \"best_effort\"").unwrap();
         assert_eq!(t.default_class, QosClass::BestEffort);
+    }
+
+    #[test]
+    fn books_follow_the_lifecycle() {
+        let q = Qos::with_caps(&QosConfig::default(), Caps::default());
+        let edge = EdgeConfig {
+            memory_mb_total: Some(2048),
+            cpu_cores_total: Some(2.0),
+            ..EdgeConfig::default()
+        };
+        q.admit(&edge, "a", QosClass::BestEffort, 1024, 0.5)
+            .unwrap();
+        // Starting: its reservation.
+        let s = q.snapshot();
+        assert_eq!(s.reserved, Amount::new(64.0, 0.1));
+        assert_eq!(s.committed_be, Amount::new(1024.0, 0.5));
+        // Running, not measured yet: its request.
+        q.started("a");
+        let s = q.snapshot();
+        assert_eq!(
+            (s.reserved, s.used),
+            (Amount::default(), Amount::new(1024.0, 0.5))
+        );
+        // Measured: its working set and CPU rate.
+        lock(&q.books).get_mut("a").unwrap().used = Some(Amount::new(3.0, 0.01));
+        assert_eq!(q.snapshot().used, Amount::new(3.0, 0.01));
+        // LS floor: 1.0 x 2048 MiB.
+        q.admit(&edge, "b", QosClass::LatencySensitive, 2048, 1.0)
+            .unwrap();
+        let e = q
+            .admit(&edge, "c", QosClass::LatencySensitive, 16, 0.1)
+            .unwrap_err();
+        assert!(e.rule.starts_with("latency-sensitive floor"), "{e}");
+        // The LS floor is all of memory: best-effort is out of room by usage.
+        assert!(q.admit(&edge, "d", QosClass::BestEffort, 16, 0.1).is_err());
+        assert_eq!(q.status(&edge).memory_mb_committed_ls, 2048);
+        q.release("b");
+        q.adopt("b2", QosClass::LatencySensitive, 512, 0.5);
+        q.admit(&edge, "d", QosClass::BestEffort, 16, 0.1).unwrap();
+        let st = q.status(&edge);
+        assert_eq!(
+            (st.memory_mb_committed_ls, st.memory_mb_committed_be),
+            (512, 1040)
+        );
+        q.release("nope");
     }
 }
