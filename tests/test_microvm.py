@@ -12,6 +12,7 @@ import platform
 import shutil
 import subprocess
 import time
+import uuid
 from pathlib import Path
 
 import pytest
@@ -186,6 +187,77 @@ def test_microvm_stop_while_paused_leaves_nothing(vm_ok, client, node):
     assert not vm_dir.exists(), "VM dir (snapshot, disk) left after stop while paused"
     assert not qemu_pids_for(str(vm_dir))
     assert client.get_sandbox(sb.id).state == "stopped"
+
+
+def test_microvm_pack_diff_becomes_a_layer(vm_ok, client, node):
+    """The writable disk (ext4 image) of a running microVM is packed into a layer; a new
+    sandbox (a container: any substrate can use the image) from parent + diff sees the files,
+    deletions included; the VM keeps running."""
+    name = f"vm-packed-{uuid.uuid4().hex[:8]}:v1"
+    sb = client.run_microvm(DSecMicroVMRunArgs(container_image="busybox"), timeout=300)
+    vm_dir = Path(node.sandbox_dir(sb.id)) / "vm"
+    try:
+        sh(sb, "mkdir -p /data && echo from-the-vm > /data/file && rm /bin/vi && mkdir -p /skip && echo x > /skip/y")
+        info = sb.pack_diff(name, exclude=["/skip"])
+        assert info.parent == "busybox:latest", info
+        assert sh(sb, "cat /data/file").strip() == "from-the-vm"
+        assert not (vm_dir / "pack.mnt").exists(), "the host mount of the disk was left"
+    finally:
+        stop_quietly(sb)
+    new = client.run_microvm(DSecMicroVMRunArgs(container_image=name), timeout=300)
+    try:
+        assert sh(new, "cat /data/file").strip() == "from-the-vm"
+        assert new.run_shell("test -e /bin/vi").exit_code != 0, "the deletion (whiteout) was lost"
+        assert new.run_shell("test -e /skip/y").exit_code != 0, "an excluded path was packed"
+    finally:
+        stop_quietly(new)
+
+
+def test_microvm_paused_survives_edge_restart(vm_ok, dsec_bin):
+    """A paused microVM is re-adopted by a restarted edge (its snapshot is on disk) and resumes
+    with its background loop; a running one is reported lost and cleaned."""
+    from helpers import DsecUp, new_data_dir, remove_data_dir
+
+    data = new_data_dir("vmrestart")
+    up = DsecUp(dsec_bin, data, f"e2evm{os.getpid()}").start()
+    try:
+        with up.client() as c:
+            paused = c.run_microvm(DSecMicroVMRunArgs(container_image="busybox"), timeout=300)
+            sh(paused, "(i=0; while :; do i=$((i+1)); echo $i > /root/counter; sleep 0.1; done) >/dev/null 2>&1 &")
+            sh(paused, "cd /etc")
+            time.sleep(0.5)
+            paused.pause()
+            running = c.run_microvm(DSecMicroVMRunArgs(container_image="busybox"), timeout=300)
+            sh(running, "echo up")
+        up.kill()
+        up2 = DsecUp(dsec_bin, data, up.node_id).start()
+        up = up2
+        with up2.client() as c:
+            assert c.get_sandbox(paused.id).state == "paused"
+            lost = c.get_sandbox(running.id)
+            assert lost.state == "failed", lost
+            r = c.resume_sandbox(paused.id)
+            assert r.state == "running"
+            h = c.attach(paused.id)
+            h._inner.auto_step = False  # its calls are new ones, not replays of earlier steps
+            before = int(sh(h, "cat /root/counter"))
+            time.sleep(0.5)
+            assert int(sh(h, "cat /root/counter")) > before
+            assert sh(h, "pwd").strip() == "/etc"
+            h.stop()
+        rc = up2.stop()
+        assert rc == 0, up2.stderr_tail()
+        assert not qemu_pids_for(data), "QEMU processes left"
+        up2.remove_log()
+    finally:
+        if up.proc is not None and up.proc.poll() is None:
+            try:
+                up.stop()
+            except AssertionError:
+                pass
+        for p in qemu_pids_for(data):
+            os.kill(p, 9)
+        remove_data_dir(data)
 
 
 def test_microvm_from_debian_layers(vm_ok, client, debian):

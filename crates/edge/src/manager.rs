@@ -515,9 +515,24 @@ impl Manager {
         };
         let mut reaped = Vec::new();
         let mut adopted = Vec::new();
+        // Paused microVMs are adopted by the microVM driver, which the edge sets up after this
+        // runs: set it up now when there is one to adopt.
+        let has_vm = found
+            .iter()
+            .any(|f| matches!(&f.record, Ok(r) if r.info.substrate == Substrate::Microvm));
+        if has_vm && self.microvm.get().is_none() {
+            if let Ok(aether) = self.cfg.resolve_aether_path() {
+                self.set_microvm_driver(crate::microvm::driver(aether, &self.images.blob_store()));
+            }
+        }
         for f in found {
             let why = match &f.record {
-                Ok(rec) if rec.pid > 1 && rec.info.state != SandboxState::Creating => {
+                Ok(rec)
+                    if (rec.pid > 1 && rec.info.state != SandboxState::Creating)
+                        // A paused microVM has no process, only its snapshot on disk.
+                        || (rec.info.substrate == Substrate::Microvm
+                            && rec.info.state == SandboxState::Paused) =>
+                {
                     match self.readopt(&f.id, &f.dir, rec).await {
                         Ok(()) => {
                             adopted.push(f.id.clone());
@@ -603,7 +618,8 @@ impl Manager {
             .await
             .map_err(|e| format!("re-take image lease on {}: {e}", rec.image))?;
         let sandbox = self
-            .driver
+            .driver_for(rec.info.substrate)
+            .map_err(|e| e.to_string())?
             .adopt(id.to_string(), dir.to_path_buf(), rec.pid)
             .await
             .map_err(|e| e.to_string())?;

@@ -18,7 +18,7 @@ use dsec_runtime::substrate::{
 };
 use dsec_wire::api::PauseReport;
 
-use crate::substrate::{BoxFut, Driver, LiveSandbox};
+use crate::substrate::{BoxFut, Driver, LiveSandbox, WritableLayer};
 
 /// Where the guest kernel and initramfs are cached (`${DSEC_CACHE:-/var/cache/dsec}/guest`,
 /// or `DSEC_GUEST_DIR`).
@@ -173,6 +173,16 @@ impl LiveSandbox for MicroVmLive {
 
     fn is_paused(&self) -> bool {
         self.sandbox.is_paused()
+    }
+
+    fn writable_layer(&self) -> BoxFut<'_, Result<Option<WritableLayer>, String>> {
+        Box::pin(async move {
+            let m = self.sandbox.expose_upper().await?;
+            Ok(Some(WritableLayer {
+                upper: m.upper.clone(),
+                release: Box::new(move || Box::pin(m.release())),
+            }))
+        })
     }
 }
 

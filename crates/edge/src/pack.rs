@@ -70,9 +70,32 @@ pub async fn pack_diff(
         .iter()
         .map(|p| exclude_rel(p))
         .collect::<Result<Vec<_>, _>>()?;
+    let started = Instant::now();
+    // A VM's writable layer is a disk image: the substrate exposes it (read-only, guest held).
+    if let Some(layer) = sandbox
+        .writable_layer()
+        .await
+        .map_err(|e| EdgeError::Internal(format!("expose the writable layer of {id}: {e}")))?
+    {
+        let built = images.build_layer(&name, &layer.upper, &exclude).await;
+        if let Err(e) = (layer.release)().await {
+            tracing::error!(sandbox = %id, error = %e, "release the writable layer after pack_diff");
+            return Err(EdgeError::Internal(format!(
+                "release the writable layer of {id} after pack_diff: {e}"
+            )));
+        }
+        let built = built.map_err(EdgeError::from_image)?;
+        let parent = parent_images.first().cloned();
+        let source = format!("pack_diff {id} of {}", parent_images.join("+"));
+        let info = images
+            .register_derived(&name, parent_digests, built, parent, source)
+            .await
+            .map_err(EdgeError::from_image)?;
+        tracing::info!(sandbox = %id, image = %info.name, held_ms = started.elapsed().as_secs_f64() * 1000.0, "pack_diff (disk image)");
+        return Ok(info);
+    }
     let upper = dir.join("upper");
     let was_paused = sandbox.is_paused();
-    let started = Instant::now();
     if !was_paused {
         sandbox
             .pause(false)

@@ -63,6 +63,21 @@ pub trait LiveSandbox: Send + Sync + 'static {
     fn resume(&self) -> BoxFut<'_, Result<(), PauseError>>;
     /// Whether the substrate holds the sandbox paused right now.
     fn is_paused(&self) -> bool;
+    /// For `pack_diff`: when the writable layer is not `<sandbox dir>/upper` on the host (a VM's
+    /// disk image), makes it readable on the host in a consistent state and says where;
+    /// [`WritableLayer::release`] undoes that. `None`: the default `<dir>/upper` path applies.
+    fn writable_layer(&self) -> BoxFut<'_, Result<Option<WritableLayer>, String>> {
+        Box::pin(async { Ok(None) })
+    }
+}
+
+/// A sandbox's writable layer, exposed on the host for `pack_diff` (see
+/// [`LiveSandbox::writable_layer`]).
+pub struct WritableLayer {
+    /// The overlay upper directory (whiteouts and opaque xattrs as overlayfs wrote them).
+    pub upper: PathBuf,
+    /// Undoes the exposure (unmount, let the sandbox run again).
+    pub release: Box<dyn FnOnce() -> BoxFut<'static, Result<(), String>> + Send>,
 }
 
 /// [`Driver`] for the container substrate.

@@ -333,6 +333,31 @@ impl Vm {
         let _ = rx.wait_for(|d| *d).await;
     }
 
+    /// Runs `sync` in the guest (best effort, bounded): the writable disk's file on the host
+    /// then holds everything written so far (it has no journal to replay).
+    pub async fn sync_guest(&self) {
+        let sync = Request::Exec {
+            argv: vec!["/bin/sync".into()],
+            timeout_ms: 30_000,
+            env: Default::default(),
+            cwd: None,
+            user: None,
+            max_output: 4096,
+            stream: false,
+        };
+        match tokio::time::timeout(
+            Duration::from_secs(30),
+            self.aether.run(sync, bytes::Bytes::new()),
+        )
+        .await
+        {
+            Ok(Ok(out)) if out.outcome.exit_code == 0 => {}
+            other => {
+                tracing::warn!(vm = %self.id, result = ?other.map(|r| r.map(|o| o.outcome.exit_code)), "sync in the guest failed")
+            }
+        }
+    }
+
     pub fn snapshot_path(&self) -> PathBuf {
         self.vm_dir.join(SNAPSHOT)
     }
@@ -355,23 +380,7 @@ impl Vm {
         };
         let (before, anon, file) = rss_of(proc.pid);
         // Dirty guest pages of the writable disk reach the image file (pack reads it there).
-        let sync = Request::Exec {
-            argv: vec!["/bin/sync".into()],
-            timeout_ms: 30_000,
-            env: Default::default(),
-            cwd: None,
-            user: None,
-            max_output: 4096,
-            stream: false,
-        };
-        if let Err(e) = tokio::time::timeout(
-            Duration::from_secs(30),
-            self.aether.run(sync, bytes::Bytes::new()),
-        )
-        .await
-        {
-            tracing::warn!(vm = %self.id, error = %e, "sync in the guest before the snapshot timed out");
-        }
+        self.sync_guest().await;
         match self.snapshot(proc).await {
             Ok((parked, snap_bytes)) => {
                 *phase = Phase::Paused(parked);
