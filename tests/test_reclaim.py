@@ -281,3 +281,45 @@ def test_pressure_reclaims_then_pauses_best_effort_and_spares_ls(rnode, rclient)
     finally:
         for sb in bes + [ls]:
             stop_quietly(sb)
+
+
+def test_zram_device_survives_an_edge_crash_and_goes_at_shutdown(dsec_bin):
+    """kill -9 of `dsec up` leaves the device swapped on; the restarted edge finds it by its
+    marker and re-uses it (no second device); SIGTERM then removes it."""
+    if not os.path.isdir("/sys/class/zram-control"):
+        pytest.skip("no /sys/class/zram-control: the kernel has no zram")
+    import json
+
+    node = f"rz{os.getpid() % 100000}"
+    data = new_data_dir("reclaim-restart")
+    os.makedirs(data, exist_ok=True)
+    cfg = os.path.join(data, "dsec.toml")
+    with open(cfg, "w") as f:
+        f.write("[edge]\nreattach_grace_ms = 0\n\n[edge.reclaim]\nenabled = true\nzram_mb = 64\ncold_s = 60\n")
+    wrapper = os.path.join(data, "dsec-wrapper.sh")
+    with open(wrapper, "w") as f:
+        f.write(f'#!/bin/sh\nif [ "$1" = up ]; then exec {dsec_bin} "$@" --config {cfg}; fi\nexec {dsec_bin} "$@"\n')
+    os.chmod(wrapper, 0o755)
+    marker = os.path.join(data, "edge", "reclaim", "zram.json")
+    swaps_before = swaps()
+    up = DsecUp(wrapper, data, node)
+    try:
+        up.start()
+        dev = json.load(open(marker))["device"]
+        assert f"/dev/zram{dev}" in swaps()
+        up.kill()
+        assert f"/dev/zram{dev}" in swaps(), "the device went with the crashed edge"
+        up2 = DsecUp(wrapper, data, node)
+        up2.start()
+        assert json.load(open(marker))["device"] == dev
+        assert [s for s in swaps() if s.startswith("/dev/zram")] == [s for s in swaps_before if s.startswith("/dev/zram")] + [f"/dev/zram{dev}"]
+        assert up2.stop() == 0
+        assert swaps() == swaps_before
+        assert not os.path.exists(f"/sys/block/zram{dev}")
+        assert not os.path.exists(marker)
+        up.remove_log()
+        up2.remove_log()
+    finally:
+        up.kill()
+        force_cleanup(data, f"/{node}/")
+        remove_data_dir(data)
