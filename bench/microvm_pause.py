@@ -33,7 +33,7 @@ def one_guest(client, memory_mb: int, dirty_mb: int, runs: int) -> dict:
     sb = client.run_microvm(DSecMicroVMRunArgs(container_image="busybox", memory_limit_mb=memory_mb), timeout=600)
     try:
         if dirty_mb:
-            r = sb.run_shell(f"head -c {dirty_mb}M /dev/urandom > /dev/shm/fill && echo done", timeout=600)
+            r = sb.run_shell(f"dd if=/dev/urandom of=/dev/shm/fill bs=1M count={dirty_mb} 2>/dev/null && echo done", timeout=600)
             assert r.stdout.strip() == "done", r
         sb.run_shell("(i=0; while :; do i=$((i+1)); echo $i > /root/counter; sleep 0.1; done) >/dev/null 2>&1 &")
         rows = []
