@@ -7,6 +7,7 @@
 #                  extlinux in /boot/extlinux — SeaBIOS boots it like any PC disk
 #                  — after `dsec vm prepare-image` injected aether and its boot hook
 #                  (init=/usr/local/sbin/dsec-init on the kernel command line)
+#   direct/        vmlinuz + initrd.img (the disk's own) for direct kernel boot
 #   kernel-version uname -r of the guest kernel
 # Run as root. Needs: build-guest.sh's cached kernel .deb, sfdisk, mkfs.ext4, losetup, extlinux,
 # syslinux-common, qemu-img, and the dsec binary ($DSEC_BIN or target/release/dsec).
@@ -155,6 +156,11 @@ loop=
 # --- aether + boot hook, then qcow2 -------------------------------------------------------
 "$DSEC" vm prepare-image --in "$raw" --out "$work/debian.qcow2" --format qcow2
 echo "$kver" > "$work/kernel-version"
+# The same kernel and initramfs outside the disk, for direct kernel boot (`dsec vm image
+# import NAME FILE --kernel direct/vmlinuz --initrd direct/initrd.img`).
+mkdir -p "$OUT/direct"
+cp "$work/k/boot/vmlinuz-$kver" "$OUT/direct/vmlinuz"
+cp "$work/initrd.img" "$OUT/direct/initrd.img"
 for f in debian.qcow2 kernel-version; do mv -f "$work/$f" "$OUT/$f"; done
 echo "$stamp" > "$OUT/stamp"
 echo "[dsec] VM disk image built: $OUT/debian.qcow2 (kernel $kver, $(stat -c %s "$OUT/debian.qcow2") bytes)"

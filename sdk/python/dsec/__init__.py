@@ -35,7 +35,7 @@ from .errors import (
     Unsupported,
 )
 from .functions import FunctionResult, RunResult
-from .types import DSecContainerRunArgs, DSecMicroVMRunArgs, FileInfo, ImageInfo, JobOpResult, SandboxInfo, ShellResult, StreamEvent
+from .types import DSecContainerRunArgs, DSecMicroVMRunArgs, DSecVMRunArgs, FileInfo, ImageInfo, JobOpResult, SandboxInfo, ShellResult, StreamEvent
 
 __version__ = "0.1.0"
 
@@ -46,6 +46,7 @@ __all__ = [
     "DSecClient",
     "DSecContainerRunArgs",
     "DSecMicroVMRunArgs",
+    "DSecVMRunArgs",
     "DSecError",
     "FileInfo",
     "FileNotFound",

@@ -33,6 +33,7 @@ from .errors import (
 from .trajectory import FastForward, StepCounter, content_of, exec_key, shell_key, write_key
 from .types import (
     DSecContainerRunArgs,
+    DSecVMRunArgs,
     FileInfo,
     ImageInfo,
     JobOpResult,
@@ -260,6 +261,13 @@ class DSecClient(FunctionsMixin):
         """Creates a microVM sandbox (``substrate="microvm"``): same calls as a container."""
         body = args.to_json() if isinstance(args, DSecContainerRunArgs) else dict(args)
         body["substrate"] = "microvm"
+        return await self.run_container(body, timeout=timeout)
+
+    async def run_vm(self, args: Union[DSecVMRunArgs, Mapping[str, Any]], timeout: float = 600.0) -> "Sandbox":
+        """Creates a full-VM sandbox (``substrate="vm"``) booting a VM disk image through the
+        firmware: same calls as a container. Under software emulation boot takes tens of seconds."""
+        body = args.to_json() if isinstance(args, DSecVMRunArgs) else dict(args)
+        body["substrate"] = "vm"
         return await self.run_container(body, timeout=timeout)
 
     async def create_sandbox(

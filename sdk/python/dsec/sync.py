@@ -22,7 +22,7 @@ from typing import Any, AsyncIterator, Awaitable, Dict, Iterator, List, Mapping,
 from . import client as _async
 from .errors import SandboxNotFound
 from .functions import SyncFunctionsMixin
-from .types import DSecContainerRunArgs, FileInfo, ImageInfo, SandboxInfo, ShellResult, StreamEvent
+from .types import DSecContainerRunArgs, DSecVMRunArgs, FileInfo, ImageInfo, SandboxInfo, ShellResult, StreamEvent
 
 T = TypeVar("T")
 
@@ -109,6 +109,9 @@ class DSecClient(SyncFunctionsMixin):
 
     def run_microvm(self, args: Union[DSecContainerRunArgs, Mapping[str, Any]], timeout: float = 300.0) -> "Sandbox":
         return Sandbox(self, self._run(self._aclient.run_microvm(args, timeout=timeout)))
+
+    def run_vm(self, args: Union[DSecVMRunArgs, Mapping[str, Any]], timeout: float = 600.0) -> "Sandbox":
+        return Sandbox(self, self._run(self._aclient.run_vm(args, timeout=timeout)))
 
     def get_sandbox(self, sandbox_id: str) -> SandboxInfo:
         return self._run(self._aclient.get_sandbox(sandbox_id))

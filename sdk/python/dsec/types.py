@@ -49,7 +49,8 @@ class DSecContainerRunArgs:
     #: Keep a trajectory log (default: the node's setting, on); ``False`` turns off logging and
     #: fast-forward for this sandbox.
     trajectory: Optional[bool] = None
-    #: ``"container"`` (default) or ``"microvm"`` (a QEMU guest with its own kernel).
+    #: ``"container"`` (default), ``"microvm"`` (a QEMU guest with its own kernel) or ``"vm"``
+    #: (a full VM; ``container_image`` then names a VM disk image, see :class:`DSecVMRunArgs`).
     substrate: Optional[str] = None
     #: QoS class: ``"latency_sensitive"`` (protected: normal CPU weight, never reclaimed or paused
     #: under memory pressure) or ``"best_effort"`` (SCHED_IDLE, lowest CPU weight, reclaimed
@@ -80,6 +81,38 @@ class DSecMicroVMRunArgs(DSecContainerRunArgs):
     guest's RAM, ``cpu_cores_limit`` rounded up its vCPUs."""
 
     substrate: Optional[str] = "microvm"
+
+
+@dataclass
+class DSecVMRunArgs:
+    """Arguments of :meth:`dsec.DSecClient.run_vm`: a full VM booting the disk image ``image``
+    (a name registered with ``dsec vm image import``, e.g. ``"debian"`` built by
+    ``scripts/vm/build-disk.sh``) through the firmware, on a copy-on-write overlay.
+    ``memory_limit_mb`` is the guest's RAM, ``cpu_cores_limit`` rounded up its vCPUs. The
+    sandbox answers the same calls as a container (run_shell, exec, files, TTY, pause/resume,
+    stop, trajectory); layers (workspace, toolkits), network rules and pack_diff are refused."""
+
+    image: str
+    memory_limit_mb: Optional[int] = None
+    cpu_cores_limit: Optional[float] = None
+    ttl_running_stop: Optional[int] = None
+    ttl_total: Optional[int] = None
+    ttl_action: Optional[str] = None
+    hostname: Optional[str] = None
+    labels: Optional[Dict[str, str]] = None
+    idempotency_key: Optional[str] = None
+    trajectory: Optional[bool] = None
+    qos: Optional[str] = None
+
+    def to_json(self) -> Dict[str, Any]:
+        """The JSON body of the create call (with ``substrate: "vm"``)."""
+        body: Dict[str, Any] = {"substrate": "vm"}
+        for f in fields(self):
+            value = getattr(self, f.name)
+            if value is None:
+                continue
+            body[f.name] = dict(value) if isinstance(value, dict) else value
+        return body
 
 
 @dataclass

@@ -71,6 +71,16 @@ pub struct VmImportArgs {
     pub name: String,
     /// The disk image file (raw or qcow2).
     pub file: PathBuf,
+    /// Boot this kernel directly (no firmware boot loader), the disk as root.
+    #[arg(long)]
+    pub kernel: Option<PathBuf>,
+    /// Initramfs for --kernel.
+    #[arg(long, requires = "kernel")]
+    pub initrd: Option<PathBuf>,
+    /// Kernel command line for --kernel (default: root=/dev/vda1 rw console=ttyS0
+    /// init=/usr/local/sbin/dsec-init ...).
+    #[arg(long, requires = "kernel")]
+    pub cmdline: Option<String>,
     #[command(flatten)]
     pub dir: VmDirArgs,
 }
@@ -474,8 +484,37 @@ fn import(a: &VmImportArgs) -> anyhow::Result<()> {
         let _ = std::fs::remove_file(&tmp);
     }
     r?;
-    println!("{} -> {}", a.name, dst.display());
+    // Direct kernel boot files beside the disk (`<name>.kernel|initrd|cmdline`), or none.
+    let side = |ext: &str| dir.join(format!("{}.{ext}", a.name));
+    for (ext, src) in [("kernel", &a.kernel), ("initrd", &a.initrd)] {
+        match src {
+            Some(p) => {
+                std::fs::copy(p, side(ext))
+                    .with_context(|| format!("copy {} to {}", p.display(), side(ext).display()))?;
+            }
+            None => remove_if_present(&side(ext))?,
+        }
+    }
+    match &a.cmdline {
+        Some(c) => std::fs::write(side("cmdline"), format!("{c}\n"))
+            .with_context(|| format!("write {}", side("cmdline").display()))?,
+        None => remove_if_present(&side("cmdline"))?,
+    }
+    let boot = if a.kernel.is_some() {
+        "direct kernel boot"
+    } else {
+        "firmware boot"
+    };
+    println!("{} -> {} ({boot})", a.name, dst.display());
     Ok(())
+}
+
+fn remove_if_present(p: &Path) -> anyhow::Result<()> {
+    match std::fs::remove_file(p) {
+        Ok(()) => Ok(()),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
+        Err(e) => Err(e).with_context(|| format!("remove {}", p.display())),
+    }
 }
 
 fn ls(a: &VmDirArgs) -> anyhow::Result<()> {
@@ -508,6 +547,9 @@ fn rm(a: &VmRmArgs) -> anyhow::Result<()> {
     }
     let p = images_dir(&a.dir).join(format!("{}.qcow2", a.name));
     std::fs::remove_file(&p).with_context(|| format!("remove {}", p.display()))?;
+    for ext in ["kernel", "initrd", "cmdline"] {
+        remove_if_present(&images_dir(&a.dir).join(format!("{}.{ext}", a.name)))?;
+    }
     println!("removed {}", a.name);
     Ok(())
 }

@@ -25,6 +25,8 @@ use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::time::Duration;
 
+use bytes::Bytes;
+use dsec_wire::aether::Request;
 use dsec_wire::api::PauseReport;
 
 use crate::aether_client::AetherClient;
@@ -336,6 +338,33 @@ impl FullVmSubstrate {
     }
 }
 
+/// Runs `hostname NAME` in the guest (the name was validated by the edge).
+async fn set_hostname(aether: &AetherClient, name: &str) -> Result<(), String> {
+    let out = aether
+        .run(
+            Request::Exec {
+                argv: vec!["hostname".into(), name.into()],
+                timeout_ms: 10_000,
+                env: Default::default(),
+                cwd: None,
+                user: None,
+                max_output: 4096,
+                stream: false,
+            },
+            Bytes::new(),
+        )
+        .await
+        .map_err(|e| e.to_string())?;
+    if out.outcome.exit_code != 0 {
+        return Err(format!(
+            "exit {}: {}",
+            out.outcome.exit_code,
+            String::from_utf8_lossy(&out.stderr).trim()
+        ));
+    }
+    Ok(())
+}
+
 fn spawn_err(what: &str, e: io::Error) -> CreateSandboxError {
     CreateSandboxError::Spawn(io::Error::new(e.kind(), format!("{what}: {e}")))
 }
@@ -351,11 +380,22 @@ impl Substrate for FullVmSubstrate {
     async fn create(&self, spec: SandboxSpec) -> Result<FullVmSandbox, CreateSandboxError> {
         let vm_dir = spec.dir.join("vm");
         match self.start(&spec, &vm_dir).await {
-            Ok(vm) => Ok(FullVmSandbox {
-                id: spec.id.clone(),
-                vm_dir,
-                vm,
-            }),
+            Ok(vm) => {
+                let sandbox = FullVmSandbox {
+                    id: spec.id.clone(),
+                    vm_dir,
+                    vm,
+                };
+                // The sandbox's hostname (the disk image brings its own /etc/hostname).
+                if let Err(e) = set_hostname(sandbox.vm.aether(), &spec.hostname).await {
+                    let _ = self.destroy(&sandbox).await;
+                    return Err(CreateSandboxError::Setup(format!(
+                        "set the hostname {:?} in the guest: {e}",
+                        spec.hostname
+                    )));
+                }
+                Ok(sandbox)
+            }
             Err(e) => {
                 // QEMU is gone (killed on the error paths); remove the overlay and sockets.
                 if let Err(c) = tokio::fs::remove_dir_all(&vm_dir).await {

@@ -82,12 +82,13 @@ pub fn command_line(a: &FullVmArgs<'_>) -> Vec<String> {
         "id=disk0,file={},format=qcow2,if=none,cache=writeback,discard=unmap",
         esc(a.overlay)
     );
-    push(&[
-        "-drive",
-        &drive,
-        "-device",
-        "virtio-blk-pci,drive=disk0,bootindex=0",
-    ]);
+    // The firmware boots from this disk; with -kernel, QEMU's linuxboot ROM holds bootindex 0.
+    let dev = if a.direct.is_some() {
+        "virtio-blk-pci,drive=disk0"
+    } else {
+        "virtio-blk-pci,drive=disk0,bootindex=0"
+    };
+    push(&["-drive", &drive, "-device", dev]);
     let chan = format!(
         "socket,id=aether,path={},server=on,wait=off",
         esc(a.aether_socket)
@@ -147,6 +148,7 @@ mod tests {
         let s = v.join(" ");
         assert!(s.contains("-kernel /k/vmlinuz -append root=/dev/vda1 console=ttyS0"));
         assert!(s.contains("-initrd /k/initrd.img"));
+        assert!(!s.contains("bootindex"));
         // The append string stays one argument.
         assert!(v.iter().any(|a| a == "root=/dev/vda1 console=ttyS0"));
     }

@@ -1,0 +1,222 @@
+"""The full-VM substrate (issue 9, item 2): a QEMU PC booting a whole Linux disk image through
+the firmware (SeaBIOS -> extlinux -> kernel), on a per-VM copy-on-write overlay, behind the
+same API as containers.
+
+The disk image is built by `scripts/vm/build-disk.sh` (CI runs it) into
+`${DSEC_CACHE:-/var/cache/dsec}/vm/debian.qcow2`; the tests skip, printing why, when QEMU or the
+image is absent. Under TCG a boot takes seconds: the tests share one VM where they can.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import platform
+import shutil
+import subprocess
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+
+import dsec
+from dsec import DSecVMRunArgs
+from helpers import sh, stop_quietly
+
+CACHE = Path(os.environ.get("DSEC_CACHE", "/var/cache/dsec"))
+VMDIR = CACHE / "vm"
+IMAGE = VMDIR / "debian.qcow2"
+
+
+def _skip_reason():
+    for b in (os.environ.get("DSEC_QEMU", "qemu-system-x86_64"), "qemu-img"):
+        if shutil.which(b) is None:
+            return f"{b} is not installed (scripts/install-deps.sh installs qemu-system-x86, qemu-utils)"
+    if not IMAGE.is_file():
+        return f"{IMAGE} is absent: run scripts/vm/build-disk.sh"
+    return None
+
+
+@pytest.fixture(scope="module")
+def fv_ok():
+    reason = _skip_reason()
+    if reason:
+        print(f"\nSKIP: {reason}")
+        pytest.skip(reason)
+
+
+def qemu_pids_for(path_fragment: str):
+    """QEMU processes whose command line mentions `path_fragment`."""
+    pids = []
+    for p in Path("/proc").iterdir():
+        if not p.name.isdigit():
+            continue
+        try:
+            cmd = (p / "cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if cmd and b"qemu-system" in cmd[0] and any(path_fragment.encode() in a for a in cmd):
+            pids.append(int(p.name))
+    return pids
+
+
+def sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def _wait_gone(pids, timeout=10.0):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline and any(Path(f"/proc/{p}").exists() for p in pids):
+        time.sleep(0.05)
+    return not any(Path(f"/proc/{p}").exists() for p in pids)
+
+
+@pytest.fixture(scope="module")
+def image_sum(fv_ok):
+    return sha256(IMAGE)
+
+
+@pytest.fixture(scope="module")
+def vm(fv_ok, image_sum, client, node):
+    t0 = time.monotonic()
+    sb = client.run_vm(DSecVMRunArgs(image="debian", memory_limit_mb=512, cpu_cores_limit=1), timeout=600)
+    first = sb.run_shell("echo first")
+    print(f"\nfull VM: create + first command {time.monotonic() - t0:.2f} s (accel {os.environ.get('DSEC_VM_ACCEL', 'tcg')})")
+    assert first.stdout == "first\n"
+    yield sb
+    vm_dir = Path(node.sandbox_dir(sb.id)) / "vm"
+    stop_quietly(sb)
+    # No QEMU, socket or overlay left after stop.
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline and (qemu_pids_for(str(vm_dir)) or vm_dir.exists()):
+        time.sleep(0.1)
+    assert not qemu_pids_for(str(vm_dir)), "QEMU still running after stop"
+    assert not vm_dir.exists(), f"{vm_dir} left after stop"
+
+
+def test_vm_booted_through_the_firmware_answers_run_shell(vm, node):
+    assert vm.info.substrate == "vm"
+    assert vm.info.image == "debian"
+    r = vm.run_shell("echo hello from the VM; echo err >&2; exit 3")
+    assert (r.stdout, r.stderr, r.exit_code) == ("hello from the VM\n", "err\n", 3)
+    # Its own kernel: the one build-disk.sh put on the disk, not the host's.
+    guest = sh(vm, "uname -r").strip()
+    assert guest == (VMDIR / "kernel-version").read_text().strip()
+    assert guest != platform.release()
+    # Booted by extlinux from the disk (it adds BOOT_IMAGE=), the root is the virtio disk.
+    cmdline = sh(vm, "cat /proc/cmdline")
+    assert "BOOT_IMAGE=" in cmdline and "root=/dev/vda1" in cmdline, cmdline
+    assert "/dev/vda1 / ext4" in sh(vm, "cat /proc/mounts")
+    # The firmware and the boot loader printed on the serial console.
+    console = (Path(node.sandbox_dir(vm.id)) / "vm" / "console.log").read_bytes()
+    assert b"SeaBIOS" in console and b"SYSLINUX" in console, console[:500]
+    # The sandbox's hostname; Debian's userland.
+    assert sh(vm, "hostname").strip() == vm.info.hostname
+    assert "bookworm" in sh(vm, "cat /etc/os-release")
+
+
+def test_vm_files_and_the_image_stays_unchanged(vm, node, image_sum):
+    data = os.urandom(300_000) + b"\x00\xff"
+    vm.write_file("/root/blob.bin", data)
+    assert vm.read_file("/root/blob.bin") == data
+    sh(vm, "echo changed > /etc/dsec-test && sync")
+    assert vm.read_file("/etc/dsec-test") == b"changed\n"
+    assert sh(vm, "sha256sum /root/blob.bin").split()[0] == hashlib.sha256(data).hexdigest()
+    # The writes went to the VM's overlay; the base image is bit for bit the same.
+    overlay = Path(node.sandbox_dir(vm.id)) / "vm" / "overlay.qcow2"
+    info = subprocess.run(["qemu-img", "info", "-U", str(overlay)], capture_output=True, text=True, check=True).stdout
+    assert str(IMAGE) in info, info
+    assert sha256(IMAGE) == image_sum, "the base image changed"
+
+
+def test_vm_pause_snapshot_resume_keeps_files_and_a_counter(vm, client, node):
+    vm_dir = Path(node.sandbox_dir(vm.id)) / "vm"
+    vm.write_file("/root/keep.txt", b"kept across the pause\n")
+    sh(vm, "(i=0; while :; do i=$((i+1)); echo $i > /root/counter; sleep 0.2; done) >/dev/null 2>&1 & echo $! > /root/loop.pid")
+    loop_pid = sh(vm, "cat /root/loop.pid").strip()
+    time.sleep(1.0)
+    for _ in range(2):  # chainable: a resumed VM pauses again
+        pids = qemu_pids_for(str(vm_dir))
+        assert len(pids) == 1, pids
+        before = int(sh(vm, "cat /root/counter"))
+        info = vm.pause()
+        assert info.state == "paused"
+        rep = info.last_pause
+        assert rep is not None and rep["memory_after_bytes"] == 0 and rep["memory_before_bytes"] > 0, rep
+        assert _wait_gone(pids), f"QEMU {pids} still running while paused"
+        assert (vm_dir / "snapshot").is_file()
+        assert client.get_sandbox(vm.id).state == "paused"
+        # Transparent resume by the next call.
+        after = int(sh(vm, "cat /root/counter"))
+        assert after >= before
+        assert client.get_sandbox(vm.id).state == "running"
+        assert not (vm_dir / "snapshot").exists(), "the used snapshot was not removed"
+        time.sleep(0.8)
+        later = int(sh(vm, "cat /root/counter"))
+        assert later > after, f"the counter did not continue ({after} -> {later})"
+        assert sh(vm, f"kill -0 {loop_pid} && echo alive").strip() == "alive", "the loop was restarted"
+        assert vm.read_file("/root/keep.txt") == b"kept across the pause\n"
+
+
+def test_vm_refusals(fv_ok, client, vm):
+    with pytest.raises(dsec.ImageNotFound):
+        client.run_vm(DSecVMRunArgs(image="no-such-vm-image-e2e"), timeout=60)
+    with pytest.raises(dsec.BadRequest, match="VM image name"):
+        client.run_vm(DSecVMRunArgs(image="../etc/passwd"), timeout=60)
+    with pytest.raises(dsec.BadRequest, match="env"):
+        client.run_vm({"image": "debian", "env": {"A": "b"}}, timeout=60)
+    with pytest.raises(dsec.BadRequest, match="workspace"):
+        client.run_vm({"image": "debian", "toolkits": ["busybox"]}, timeout=60)
+    # What a full VM cannot do is refused, not ignored.
+    with pytest.raises(dsec.Unsupported, match="pack_diff"):
+        vm.pack_diff(f"fv-pack-{uuid.uuid4().hex[:6]}")
+
+
+def test_vm_direct_kernel_boot_of_an_imported_image(fv_ok, client, node, dsec_bin):
+    direct = VMDIR / "direct"
+    if not (direct / "vmlinuz").is_file():
+        pytest.skip(f"{direct}/vmlinuz is absent: run scripts/vm/build-disk.sh")
+    name = f"fvt-direct-{uuid.uuid4().hex[:6]}"
+    cmdline = "root=/dev/vda1 rw console=ttyS0 panic=-1 quiet init=/usr/local/sbin/dsec-init dsec.boot=direct"
+    subprocess.run([dsec_bin, "vm", "image", "import", name, str(IMAGE), "--data-dir", node.data_dir,
+                    "--kernel", str(direct / "vmlinuz"), "--initrd", str(direct / "initrd.img"),
+                    "--cmdline", cmdline], check=True, capture_output=True, timeout=300)
+    try:
+        ls = subprocess.run([dsec_bin, "vm", "image", "ls", "--data-dir", node.data_dir],
+                            check=True, capture_output=True, text=True).stdout
+        assert name in ls
+        sb = client.run_vm(DSecVMRunArgs(image=name, memory_limit_mb=384), timeout=600)
+        try:
+            got = sh(sb, "cat /proc/cmdline")
+            assert "dsec.boot=direct" in got and "BOOT_IMAGE=" not in got, got
+            assert sh(sb, "echo direct").strip() == "direct"
+        finally:
+            stop_quietly(sb)
+    finally:
+        subprocess.run([dsec_bin, "vm", "image", "rm", name, "--data-dir", node.data_dir], check=False)
+    assert not list(Path(node.data_dir, "vm-images").glob(f"{name}.*"))
+
+
+def test_vm_whose_qemu_is_killed_is_reported_dead_and_cleaned(fv_ok, client, node):
+    sb = client.run_vm(DSecVMRunArgs(image="debian", memory_limit_mb=384), timeout=600)
+    vm_dir = Path(node.sandbox_dir(sb.id)) / "vm"
+    assert sh(sb, "echo up").strip() == "up"
+    pids = qemu_pids_for(str(vm_dir))
+    assert len(pids) == 1, pids
+    assert (vm_dir / "overlay.qcow2").is_file() and (vm_dir / "aether.sock").exists()
+    os.kill(pids[0], 9)
+    deadline = time.monotonic() + 20
+    info = client.get_sandbox(sb.id)
+    while time.monotonic() < deadline and info.state not in ("failed", "stopped"):
+        time.sleep(0.1)
+        info = client.get_sandbox(sb.id)
+    assert info.state == "failed", info
+    while time.monotonic() < deadline and vm_dir.exists():
+        time.sleep(0.1)
+    assert not vm_dir.exists(), f"{vm_dir} (overlay, sockets) left after QEMU died"
+    assert not qemu_pids_for(str(vm_dir))
