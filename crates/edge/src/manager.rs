@@ -1819,7 +1819,7 @@ mod tests {
         let e = validate_create(
             &cfg,
             &CreateSandboxRequest {
-                substrate: Substrate::Vm,
+                substrate: Substrate::Function,
                 ..req("busybox")
             },
         )
