@@ -15,6 +15,10 @@ PKGS+=(g++ g++-12 libstdc++-12-dev)
 # Tests of the apiserver on PostgreSQL start a private server from these binaries.
 PKGS+=(postgresql)
 
+# Full VMs (issue 9): qemu-img overlays, SeaBIOS (qemu's default firmware), and the test disk
+# image's partition table and boot loader (scripts/vm/build-disk.sh).
+PKGS+=(qemu-utils seabios fdisk extlinux syslinux-common)
+
 missing=()
 for p in "${PKGS[@]}"; do
     dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

@@ -9,6 +9,7 @@ bash scripts/install-deps.sh
 bash scripts/build.sh
 bash scripts/images/build-debian.sh
 bash scripts/vm/build-guest.sh   # microVM guest kernel + initramfs (tests/test_microvm.py)
+DSEC_BIN=$PWD/target/release/dsec bash scripts/vm/build-disk.sh   # full-VM disk image (tests/test_fullvm.py)
 python3 -m pip install -q ./sdk/python 2>/dev/null || python3 -m pip install -q --break-system-packages ./sdk/python
 
 export DSEC_BIN=$PWD/target/release/dsec
