@@ -220,3 +220,23 @@ def test_vm_whose_qemu_is_killed_is_reported_dead_and_cleaned(fv_ok, client, nod
         time.sleep(0.1)
     assert not vm_dir.exists(), f"{vm_dir} (overlay, sockets) left after QEMU died"
     assert not qemu_pids_for(str(vm_dir))
+
+
+def test_vm_create_stop_cycles_leak_nothing(fv_ok, client, node):
+    """Create/stop cycles (DSEC_FULLVM_CYCLES, default 5: each boots a VM under emulation) leave
+    no QEMU process, socket, overlay or VM directory behind."""
+    n = int(os.environ.get("DSEC_FULLVM_CYCLES", "5"))
+    sandboxes = Path(node.data_dir) / "edge" / "sandboxes"
+    before = set(qemu_pids_for(str(sandboxes)))
+    ids = []
+    for _ in range(n):
+        sb = client.run_vm(DSecVMRunArgs(image="debian", memory_limit_mb=256), timeout=600)
+        ids.append(sb.id)
+        assert sh(sb, "echo ok").strip() == "ok"
+        sb.stop()
+    deadline = time.monotonic() + 15
+    while time.monotonic() < deadline and set(qemu_pids_for(str(sandboxes))) - before:
+        time.sleep(0.1)
+    assert not set(qemu_pids_for(str(sandboxes))) - before, "QEMU processes left"
+    left = [i for i in ids if (Path(node.sandbox_dir(i)) / "vm").exists()]
+    assert not left, f"VM directories (overlay, sockets) left: {left}"

@@ -20,7 +20,10 @@ DSEC=${DSEC_BIN:-$HERE/../../target/release/dsec}
 SIZE_MB=${DSEC_DISK_MB:-1536}
 MODULES=(virtio_pci virtio_blk virtio_console)
 
-stamp=$( (cat "$0"; stat -c %s "$ROOT_TAR"; stat -c %Y "$ROOT_TAR") | sha256sum | cut -c1-16)
+# Rebuilt when this script, the root tarball or the aether binary (it is baked in) changed.
+AETHER=${DSEC_AETHER:-$(dirname "$DSEC")/dsec-aether}
+stamp=$( (cat "$0"; stat -c %s "$ROOT_TAR"; stat -c %Y "$ROOT_TAR"; sha256sum < "$AETHER" 2>/dev/null) \
+         | sha256sum | cut -c1-16)
 if [[ -s $OUT/debian.qcow2 && "$(cat "$OUT/stamp" 2>/dev/null)" == "$stamp" ]]; then
     echo "[dsec] VM disk image present: $OUT/debian.qcow2 (kernel $(cat "$OUT/kernel-version"))"
     exit 0
@@ -32,6 +35,7 @@ MBR=/usr/lib/syslinux/mbr/mbr.bin
 [[ -f $MBR ]] || { echo "[dsec] build-disk: $MBR missing (apt-get install syslinux-common)" >&2; exit 1; }
 [[ -f $ROOT_TAR ]] || { echo "[dsec] build-disk: $ROOT_TAR missing (scripts/images/build-debian.sh)" >&2; exit 1; }
 [[ -x $DSEC ]] || { echo "[dsec] build-disk: $DSEC missing (scripts/build.sh)" >&2; exit 1; }
+[[ -f $AETHER ]] || { echo "[dsec] build-disk: $AETHER missing (scripts/build.sh; or set DSEC_AETHER)" >&2; exit 1; }
 BUSYBOX=$(command -v busybox || true)
 [[ -x /bin/busybox ]] && BUSYBOX=/bin/busybox
 [[ -n $BUSYBOX ]] && file -L "$BUSYBOX" 2>/dev/null | grep -q 'statically linked' \
@@ -154,7 +158,7 @@ losetup -d "$loop"
 loop=
 
 # --- aether + boot hook, then qcow2 -------------------------------------------------------
-"$DSEC" vm prepare-image --in "$raw" --out "$work/debian.qcow2" --format qcow2
+"$DSEC" vm prepare-image --in "$raw" --out "$work/debian.qcow2" --format qcow2 --aether "$AETHER"
 echo "$kver" > "$work/kernel-version"
 # The same kernel and initramfs outside the disk, for direct kernel boot (`dsec vm image
 # import NAME FILE --kernel direct/vmlinuz --initrd direct/initrd.img`).

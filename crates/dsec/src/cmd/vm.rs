@@ -570,6 +570,40 @@ mod tests {
     }
 
     #[test]
+    fn inject_installs_the_hook_and_enables_the_unit_only_with_systemd() {
+        use std::os::unix::fs::PermissionsExt;
+        let t = tempfile::tempdir().unwrap();
+        let root = t.path();
+        let done = inject(root, b"ELF").unwrap();
+        assert_eq!(done.len(), 2);
+        assert_eq!(
+            std::fs::read(root.join("usr/local/sbin/dsec-aether")).unwrap(),
+            b"ELF"
+        );
+        let mode = std::fs::metadata(root.join("usr/local/sbin/dsec-init"))
+            .unwrap()
+            .permissions()
+            .mode();
+        assert_eq!(mode & 0o777, 0o755);
+        assert!(!root.join("etc/systemd/system/dsec-aether.service").exists());
+        std::fs::create_dir_all(root.join("lib/systemd")).unwrap();
+        std::fs::write(root.join("lib/systemd/systemd"), b"").unwrap();
+        let done = inject(root, b"ELF").unwrap();
+        assert_eq!(done.len(), 3);
+        let link = root.join("etc/systemd/system/multi-user.target.wants/dsec-aether.service");
+        assert_eq!(
+            std::fs::read_link(&link).unwrap(),
+            Path::new("/etc/systemd/system/dsec-aether.service")
+        );
+        // Again: idempotent.
+        inject(root, b"ELF2").unwrap();
+        assert_eq!(
+            std::fs::read(root.join("usr/local/sbin/dsec-aether")).unwrap(),
+            b"ELF2"
+        );
+    }
+
+    #[test]
     fn init_hook_execs_aether_in_bare_mode_on_fd_3() {
         assert!(DSEC_INIT.starts_with("#!/bin/sh\n"));
         assert!(DSEC_INIT.contains("exec /usr/local/sbin/dsec-aether --mode bare --fd 3"));
