@@ -12,6 +12,7 @@ from __future__ import annotations
 import hashlib
 import os
 import platform
+import select
 import shutil
 import subprocess
 import time
@@ -132,6 +133,33 @@ def test_vm_files_and_the_image_stays_unchanged(vm, node, image_sum):
     info = subprocess.run(["qemu-img", "info", "-U", str(overlay)], capture_output=True, text=True, check=True).stdout
     assert str(IMAGE) in info, info
     assert sha256(IMAGE) == image_sum, "the base image changed"
+
+
+def test_vm_interactive_terminal(vm, node):
+    """`dsec shell` (the TTY route) gets a real terminal in the guest."""
+    master, slave = os.openpty()
+    p = subprocess.Popen([node.binary, "shell", vm.id], env=node.env(), stdin=slave, stdout=slave,
+                         stderr=slave, start_new_session=True)
+    os.close(slave)
+    out = b""
+    try:
+        os.write(master, b"tty; echo TTY-OK-$((6*7)); exit\r")
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and b"TTY-OK-42" not in out:
+            r, _, _ = select.select([master], [], [], 0.5)
+            if r:
+                try:
+                    out += os.read(master, 65536)
+                except OSError:
+                    break
+        assert b"TTY-OK-42" in out, out[-1000:]
+        assert b"/dev/pts/" in out, out[-1000:]
+        p.wait(timeout=30)
+    finally:
+        if p.poll() is None:
+            p.kill()
+            p.wait()
+        os.close(master)
 
 
 def test_vm_pause_snapshot_resume_keeps_files_and_a_counter(vm, client, node):
