@@ -186,8 +186,15 @@ impl LiveSandbox for FullVmLive {
     }
 
     fn exited(&self) -> BoxFut<'_, ()> {
-        // Only QEMU's own death counts: during a pause the channel is parked, not closed.
-        Box::pin(self.sandbox.exited())
+        // The channel outlives QEMU processes (a pause ends one); it closes only when the VM
+        // is gone, or when aether in the guest ended (e.g. started by a systemd unit, it is
+        // not the guest's PID 1, so the guest would not stop with it).
+        Box::pin(async move {
+            tokio::select! {
+                _ = self.sandbox.exited() => {}
+                _ = self.sandbox.aether().closed() => {}
+            }
+        })
     }
 
     fn pause(&self, _reclaim_memory: bool) -> BoxFut<'_, Result<PauseReport, PauseError>> {
