@@ -74,7 +74,7 @@ class TestServers:
     def _start(self) -> None:
         for c in [
             f"ip netns add {SRV_NS}",
-            f"ip link add {HOST_IF} type veth peer name eth0 netns {SRV_NS}",
+            f"ip link add {HOST_IF} mtu 65520 type veth peer name eth0 mtu 65520 netns {SRV_NS}",
             f"ip addr add 198.18.7.1/24 dev {HOST_IF}",
             f"ip -6 addr add fd42:7::1/64 dev {HOST_IF} nodad",
             f"ip link set {HOST_IF} up",

@@ -54,6 +54,10 @@ pub struct NetworkConfig {
     pub dns_ttl_s: u32,
     /// TCP ports a name resolved through an enabled group may be reached on.
     pub domain_ports: Vec<u16>,
+    /// MTU of sandbox veths. Large by default, like loopback: traffic between a sandbox and
+    /// the node's or other local hosts' services moves in few packets, while TCP to the outside
+    /// gets its MSS clamped to the outgoing route's MTU in the forward hook.
+    pub mtu: u32,
     /// Spare namespaces with configured veths kept ready after the first networked create,
     /// so that a create only adds its rules (0: build each sandbox's namespace on demand).
     pub pool_size: usize,
@@ -84,6 +88,7 @@ impl Default for NetworkConfig {
             dns_ttl_s: 60,
             domain_ports: vec![80, 443],
             pool_size: 8,
+            mtu: 65520,
         }
     }
 }
@@ -138,6 +143,12 @@ impl NetworkConfig {
         for (name, addrs) in &self.hosts {
             policy::validate_pattern(name).map_err(|m| bad("network.hosts", m))?;
             dns::parse_addrs(addrs).map_err(|m| bad("network.hosts", format!("{name}: {m}")))?;
+        }
+        if !(1280..=65535).contains(&self.mtu) {
+            return Err(bad(
+                "network.mtu",
+                "must be 1280..=65535 (IPv6 needs at least 1280)",
+            ));
         }
         if self.pool_size > 1024 {
             return Err(bad("network.pool_size", "must be 0..=1024"));
@@ -350,10 +361,20 @@ impl Network {
         });
         let base = self.resolved.base.clone();
         let s2 = sb.clone();
+        let mtu = self.cfg.mtu;
         let built = blocking(move || {
             let prepared = match ready {
                 Some(fd) => netns::Prepared { fd },
-                None => netns::create(&s2.ns, &s2.veth, base.gateway_v4, s2.ipv4, s2.ipv6)?,
+                None => netns::create(
+                    &s2.ns,
+                    &s2.veth,
+                    netns::Link {
+                        gateway: base.gateway_v4,
+                        ipv4: s2.ipv4,
+                        ipv6: s2.ipv6,
+                        mtu,
+                    },
+                )?,
             };
             let p = lock(&s2.policy).clone();
             let rules = nft::SandboxRules {

@@ -163,17 +163,27 @@ pub struct Prepared {
     pub fd: OwnedFd,
 }
 
+/// Addresses and link settings of one sandbox's veth pair.
+#[derive(Debug, Clone, Copy)]
+pub struct Link {
+    pub gateway: Ipv4Addr,
+    pub ipv4: Ipv4Addr,
+    pub ipv6: Ipv6Addr,
+    /// MTU of both ends.
+    pub mtu: u32,
+}
+
 /// Creates the named namespace and the veth pair, and configures both ends.
-pub fn create(
-    ns: &str,
-    veth: &str,
-    gateway: Ipv4Addr,
-    ipv4: Ipv4Addr,
-    ipv6: Ipv6Addr,
-) -> Result<Prepared, NetError> {
+pub fn create(ns: &str, veth: &str, link: Link) -> Result<Prepared, NetError> {
+    let Link {
+        gateway,
+        ipv4,
+        ipv6,
+        mtu,
+    } = link;
     ip(&["netns", "add", ns])?;
     let host = format!(
-        "link add {veth} type veth peer name eth0 netns {ns}\n\
+        "link add {veth} mtu {mtu} type veth peer name eth0 mtu {mtu} netns {ns}\n\
          link set {veth} up\n\
          addr add fe80::1/64 dev {veth} nodad\n\
          route add {ipv4}/32 dev {veth}\n\

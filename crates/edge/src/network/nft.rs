@@ -57,6 +57,7 @@ pub fn base_script(b: &Base) -> String {
          flush chain inet {t} forward\n\
          flush chain inet {t} input\n\
          flush chain inet {t} post\n\
+         add rule inet {t} forward tcp flags syn tcp option maxseg size set rt mtu\n\
          add rule inet {t} forward iifname vmap @veth_fwd\n\
          add rule inet {t} forward iifname \"{p}*\" drop\n\
          add rule inet {t} input iifname vmap @veth_inp\n\

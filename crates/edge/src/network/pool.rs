@@ -21,6 +21,9 @@ use std::time::Duration;
 
 use super::{blocking, lock, netns, Network};
 
+/// How long a refill waits after a spare was taken (the claiming create is still running).
+const REFILL_DELAY: Duration = Duration::from_millis(100);
+
 /// A namespace with a configured veth pair that no sandbox uses yet.
 pub struct Spare {
     pub ns: String,
@@ -69,9 +72,14 @@ impl Network {
             .ok_or_else(|| super::NetError::Exhausted(self.cfg.subnet_v4.clone()))?;
         let ns = ns_name(&self.cfg.table, host_no);
         let veth = veth_name(&self.cfg.veth_prefix, host_no);
-        let gateway = self.resolved.base.gateway_v4;
+        let link = netns::Link {
+            gateway: self.resolved.base.gateway_v4,
+            ipv4,
+            ipv6,
+            mtu: self.cfg.mtu,
+        };
         let (n2, v2) = (ns.clone(), veth.clone());
-        match blocking(move || netns::create(&n2, &v2, gateway, ipv4, ipv6)).await {
+        match blocking(move || netns::create(&n2, &v2, link)).await {
             Ok(p) => Ok(Spare {
                 ns,
                 veth,
@@ -130,6 +138,8 @@ async fn refill(weak: Weak<Network>) {
             let kick = net.pool_kick.clone();
             drop(net);
             kick.notified().await;
+            // Let the create that took the spare finish before competing with it for the CPU.
+            tokio::time::sleep(REFILL_DELAY).await;
             continue;
         }
         match net.build_spare().await {
