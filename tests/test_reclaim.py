@@ -160,7 +160,8 @@ def rnode(dsec_bin):
     if dev is not None:
         assert not os.path.exists(f"/sys/block/zram{dev}"), f"zram{dev} left after dsec up exited\n{log}"
     assert nr_kdamonds() == kdamonds_before, f"kdamonds {nr_kdamonds()} != {kdamonds_before} before"
-    up.remove_log()
+    if not os.environ.get("DSEC_KEEP_LOGS"):
+        up.remove_log()
 
 
 @pytest.fixture(scope="module")

@@ -244,7 +244,7 @@ impl MemCgroups {
 
 /// Longest a v1 `force_empty` may run: on a cgroup whose tasks keep touching memory the
 /// kernel loop makes progress forever, and only a signal ends it.
-const FORCE_EMPTY_TIMEOUT_S: &str = "5";
+const FORCE_EMPTY_TIMEOUT_S: &str = "2";
 
 /// Writes `0` to a v1 `memory.force_empty` from a child process that `timeout` interrupts
 /// (SIGINT ends the kernel's reclaim loop with EINTR): the reclaim cannot hang the edge.

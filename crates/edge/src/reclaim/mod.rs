@@ -129,7 +129,16 @@ struct Track {
     reclaimed_state: Option<SandboxState>,
     /// Swapped bytes last seen (DAMON accounting).
     swap_seen: u64,
+    /// CPU time last seen (ns) and when (ms).
+    cpu_ns_seen: u64,
+    cpu_seen_ms: u64,
+    /// Last time the sandbox used more than [`ACTIVE_CPU_PERCENT`] of a core (ms).
+    cpu_active_ms: u64,
 }
+
+/// A sandbox using more CPU than this (percent of one core) between two rounds is not idle,
+/// whether or not it gets requests (a background job, a memory hog).
+const ACTIVE_CPU_PERCENT: u64 = 2;
 
 #[derive(Default)]
 struct Inner {
@@ -142,6 +151,9 @@ struct Inner {
 pub struct Reclaim {
     cfg: ReclaimConfig,
     mem: MemCgroups,
+    /// For the CPU usage of sandboxes (idle detection).
+    root: CgroupRoot,
+    parent: String,
     zram_host: zram::ZramHost,
     zram_marker: PathBuf,
     zram: Option<zram::ZramDevice>,
@@ -177,7 +189,9 @@ impl Reclaim {
         let setup = {
             let cfg = cfg.clone();
             let mem = mem.clone();
-            tokio::task::spawn_blocking(move || Self::setup(cfg, mem, dir))
+            let root = root.clone();
+            let parent = mgr.config().cgroup_parent();
+            tokio::task::spawn_blocking(move || Self::setup(cfg, mem, dir, root, parent))
         };
         let reclaim = match setup.await {
             Ok(r) => Arc::new(r),
@@ -202,7 +216,13 @@ impl Reclaim {
         Some(reclaim)
     }
 
-    fn setup(cfg: ReclaimConfig, mem: MemCgroups, dir: PathBuf) -> Reclaim {
+    fn setup(
+        cfg: ReclaimConfig,
+        mem: MemCgroups,
+        dir: PathBuf,
+        root: CgroupRoot,
+        parent: String,
+    ) -> Reclaim {
         let zram_host = zram::ZramHost::default();
         let zram_marker = dir.join("zram.json");
         let zram = if cfg.zram_mb > 0 {
@@ -262,6 +282,8 @@ impl Reclaim {
         Reclaim {
             cfg,
             mem,
+            root,
+            parent,
             zram_host,
             zram_marker,
             zram,
@@ -369,6 +391,10 @@ impl Reclaim {
             }
         } else {
             let cold_ms = self.cfg.cold_s.saturating_mul(1000);
+            for v in be.iter().filter(|v| v.state == SandboxState::Running) {
+                let t = inner.tracks.entry(v.id.clone()).or_default();
+                self.note_cpu(&v.id, t, now);
+            }
             let mut todo: Vec<(&ReclaimView, String)> = Vec::new();
             for v in &be {
                 let t = inner.tracks.get(&v.id).cloned().unwrap_or_default();
@@ -378,7 +404,8 @@ impl Reclaim {
                     }
                     SandboxState::Running
                         if !v.busy
-                            && now.saturating_sub(v.last_request_ms) >= cold_ms
+                            && now.saturating_sub(v.last_request_ms.max(t.cpu_active_ms))
+                                >= cold_ms
                             && now.saturating_sub(t.last_reclaim_ms) >= cold_ms =>
                     {
                         let grown = self.mem.figures(&v.id).working_set()
@@ -390,8 +417,8 @@ impl Reclaim {
                             continue;
                         }
                         format!(
-                            "cold: no request for {} s",
-                            now.saturating_sub(v.last_request_ms) / 1000
+                            "cold: no request and under {ACTIVE_CPU_PERCENT}% CPU for {} s",
+                            now.saturating_sub(v.last_request_ms.max(t.cpu_active_ms)) / 1000
                         )
                     }
                     _ => continue,
@@ -454,6 +481,20 @@ impl Reclaim {
                     format!("{reason}; reclaim did not relieve it"),
                 )
             })
+    }
+
+    /// Samples a sandbox's CPU time; marks it active when it used more than
+    /// [`ACTIVE_CPU_PERCENT`] of a core since the last sample.
+    fn note_cpu(&self, id: &str, t: &mut Track, now: u64) {
+        let Ok(cg) = dsec_runtime::cgroup::Cgroup::open(&self.root, &self.parent, id) else {
+            return;
+        };
+        let Ok(ns) = cg.cpu_usage_ns() else { return };
+        if t.cpu_seen_ms != 0 && cpu_active(t.cpu_ns_seen, ns, t.cpu_seen_ms, now) {
+            t.cpu_active_ms = now;
+        }
+        t.cpu_ns_seen = ns;
+        t.cpu_seen_ms = now;
     }
 
     fn reclaim_one(
@@ -534,9 +575,25 @@ impl Reclaim {
     }
 }
 
+/// True when CPU time grew from `ns0` to `ns1` by more than [`ACTIVE_CPU_PERCENT`] of the wall
+/// time from `ms0` to `ms1` (a counter that went down — v1 sums live tasks only — is idle).
+fn cpu_active(ns0: u64, ns1: u64, ms0: u64, ms1: u64) -> bool {
+    let wall_ns = ms1.saturating_sub(ms0).saturating_mul(1_000_000);
+    wall_ns > 0 && ns1.saturating_sub(ns0).saturating_mul(100) > wall_ns * ACTIVE_CPU_PERCENT
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn cpu_activity() {
+        // 1 s of wall time: 30 ms of CPU is 3%, active; 10 ms idle; a counter going down idle.
+        assert!(cpu_active(0, 30_000_000, 1000, 2000));
+        assert!(!cpu_active(0, 10_000_000, 1000, 2000));
+        assert!(!cpu_active(50_000_000, 10_000_000, 1000, 2000));
+        assert!(!cpu_active(0, 10_000_000, 1000, 1000));
+    }
 
     #[test]
     fn config_defaults_and_validation() {
