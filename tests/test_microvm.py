@@ -276,6 +276,32 @@ def test_microvm_from_debian_layers(vm_ok, client, debian):
         stop_quietly(sb)
 
 
+def test_microvm_layers_on_pmem_with_dax_and_balloon(vm_ok, client, debian, node):
+    """Density hooks: the debian layers are virtio-pmem regions mounted with DAX (unless the
+    node runs with DSEC_MICROVM_PMEM=0), and the guest has a free-page-reporting balloon."""
+    sb = client.run_microvm(DSecMicroVMRunArgs(container_image=debian, memory_limit_mb=512), timeout=300)
+    try:
+        mounts = sh(sb, "cat /proc/mounts")
+        vm_dir = Path(node.sandbox_dir(sb.id)) / "vm"
+        cmd = " ".join(Path(f"/proc/{qemu_pids_for(str(vm_dir))[0]}/cmdline").read_bytes().decode().split("\0"))
+        assert "free-page-reporting=on" in cmd
+        assert sh(sb, "cat /sys/bus/virtio/drivers/virtio_balloon/*/features >/dev/null && echo ok").strip() == "ok"
+        if os.environ.get("DSEC_MICROVM_PMEM") == "0":
+            assert "virtio-pmem-pci" not in cmd
+            return
+        assert "virtio-pmem-pci" in cmd and "share=on,readonly=on" in cmd, cmd
+        # Layer mounts are not visible after switch_root; the console log of /init says if DAX
+        # was refused.
+        console = (vm_dir / "console.log").read_text(errors="replace")
+        assert "dsec-init" in console and "no DAX" not in console, console[-2000:]
+        assert sh(sb, "ls /sys/block | grep -c pmem").strip() != "0"
+        assert "overlay" in mounts
+        # Python from the DAX-mapped layers works.
+        assert sh(sb, "python3 -c 'import json; print(json.dumps([1]))'").strip() == "[1]"
+    finally:
+        stop_quietly(sb)
+
+
 def test_microvm_hostname_and_refusals(vm_ok, client):
     sb = client.run_microvm(DSecMicroVMRunArgs(container_image="busybox", hostname="guest-1"), timeout=300)
     try:

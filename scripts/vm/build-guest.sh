@@ -60,7 +60,7 @@ depmod -b "$work/k" "$kver"
 R=$work/root
 mkdir -p "$R"/{bin,dev,proc,sys,newroot,layers,rw,lib/modules/"$kver"}
 cp "$BUSYBOX" "$R/bin/busybox"
-for a in sh mount umount mkdir insmod modprobe switch_root cat ls sleep echo hostname cp chmod ln dd seq cut sync; do
+for a in sh mount umount mkdir insmod modprobe switch_root cat ls sleep echo hostname cp chmod ln dd seq cut sync tr readlink; do
     ln -s busybox "$R/bin/$a"
 done
 install -m 0755 "$INIT_SRC" "$R/init"

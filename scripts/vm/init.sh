@@ -46,6 +46,40 @@ for a in $(cat /proc/cmdline); do
     esac
 done
 [ "$n" -gt 0 ] 2>/dev/null || fail "no dsec.nlayers= on the kernel command line"
+pmemmap=
+for a in $(cat /proc/cmdline); do
+    case $a in
+        dsec.pmem=*) pmemmap=$(echo "${a#dsec.pmem=}" | tr , ' ') ;;
+    esac
+done
+
+# /dev/pmemN of the virtio-pmem device in PCI slot $1 (hex).
+find_pmem_slot() {
+    for b in /sys/block/pmem*; do
+        [ -e "$b" ] || continue
+        case $(readlink -f "$b") in
+            */0000:00:$1.0/*) echo "/dev/${b##*/}"; return 0 ;;
+        esac
+    done
+    return 1
+}
+# The device of layer file $1 (m<i> or b<i>): its pmem region if mapped, else its disk.
+layer_dev() {
+    for e in $pmemmap; do
+        if [ "${e%@*}" = "$1" ]; then
+            for t in $(seq 1 1000); do
+                find_pmem_slot "${e#*@}" && return 0
+                sleep 0.01
+            done
+            return 1
+        fi
+    done
+    dev_of "dsec-$1"
+}
+has_layer_file() {
+    for e in $pmemmap; do [ "${e%@*}" = "$1" ] && return 0; done
+    find_dev "dsec-$1" >/dev/null
+}
 
 # Disk by serial (the probe order of virtio-mmio devices is not the command line's order).
 find_dev() {
@@ -69,14 +103,23 @@ dev_of() {
 lower=
 i=0
 while [ "$i" -lt "$n" ]; do
-    meta=$(dev_of "dsec-m$i") || fail "no disk with serial dsec-m$i (disks: $(ls /sys/block))"
+    meta=$(layer_dev "m$i") || fail "no disk or pmem region for layer file m$i (block devices: $(ls /sys/block))"
     opts=ro
     # All disks are probed together, so once the metadata disk is there its blob disk is too.
-    if blob=$(find_dev "dsec-b$i"); then
+    if has_layer_file "b$i"; then
+        blob=$(layer_dev "b$i") || fail "no disk or pmem region for layer file b$i"
         opts="ro,device=$blob"
     fi
     mkdir -p "/layers/$i"
-    mount -t erofs -o "$opts" "$meta" "/layers/$i" || fail "mount layer $i ($meta, $opts)"
+    case $meta in
+        /dev/pmem*)
+            # DAX: file data is read straight from the mapped region (the host's page cache).
+            mount -t erofs -o "$opts,dax=always" "$meta" "/layers/$i" 2>/dev/null \
+                || { echo "dsec-init: layer $i: no DAX, mounting without"; \
+                     mount -t erofs -o "$opts" "$meta" "/layers/$i"; } \
+                || fail "mount layer $i ($meta, $opts)" ;;
+        *) mount -t erofs -o "$opts" "$meta" "/layers/$i" || fail "mount layer $i ($meta, $opts)" ;;
+    esac
     lower=${lower:+$lower:}/layers/$i
     i=$((i + 1))
 done

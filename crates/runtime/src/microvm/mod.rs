@@ -51,6 +51,11 @@ pub struct MicroVmConfig {
     pub disk_mb: u64,
     /// virtio-balloon with free page reporting.
     pub balloon: bool,
+    /// Map read-only layers as virtio-pmem regions mounted with DAX (guests share the host's
+    /// page cache of them) instead of virtio-blk disks.
+    pub pmem: bool,
+    /// Where the 2 MiB-padded copies of layer files for virtio-pmem are kept (by digest).
+    pub pmem_dir: PathBuf,
 }
 
 impl MicroVmConfig {
@@ -58,7 +63,8 @@ impl MicroVmConfig {
     /// this project's CI has no working KVM), `DSEC_MICROVM_MACHINE` (`pc` | `microvm`,
     /// default `pc`), `DSEC_QEMU` (default `qemu-system-x86_64`), `DSEC_MICROVM_DISK_MB`
     /// (writable disk size, default 4096), `DSEC_MICROVM_BALLOON` (`0` turns virtio-balloon
-    /// free page reporting off).
+    /// free page reporting off), `DSEC_MICROVM_PMEM` (`0` attaches layers as virtio-blk disks
+    /// instead of virtio-pmem + DAX).
     pub fn from_env(guest_dir: PathBuf, aether_path: PathBuf, blob_dirs: Vec<PathBuf>) -> Self {
         let accel = match std::env::var("DSEC_MICROVM_ACCEL").as_deref() {
             Ok("kvm") => Accel::Kvm,
@@ -69,7 +75,6 @@ impl MicroVmConfig {
             _ => Machine::Pc,
         };
         MicroVmConfig {
-            guest_dir,
             aether_path,
             qemu_binary: std::env::var_os("DSEC_QEMU")
                 .map(PathBuf::from)
@@ -84,6 +89,12 @@ impl MicroVmConfig {
                 .filter(|&v: &u64| v >= 16)
                 .unwrap_or(4096),
             balloon: std::env::var("DSEC_MICROVM_BALLOON").as_deref() != Ok("0"),
+            pmem: std::env::var("DSEC_MICROVM_PMEM").as_deref() != Ok("0"),
+            pmem_dir: guest_dir
+                .parent()
+                .unwrap_or(Path::new("/var/cache/dsec"))
+                .join("pmem-layers"),
+            guest_dir,
         }
     }
 
@@ -338,7 +349,12 @@ pub fn resolve_layers(
                 .iter()
                 .map(|d| d.join(format!("{digest}.blob")))
                 .find(|p| p.is_file());
-            Ok(GuestLayer { meta, blob })
+            Ok(GuestLayer {
+                meta,
+                blob,
+                meta_pmem: None,
+                blob_pmem: None,
+            })
         })
         .collect()
 }
@@ -480,6 +496,15 @@ impl MicroVmSubstrate {
             .write_initrd(spec, vm_dir)
             .await
             .map_err(|e| spawn_err("write the initramfs", e))?;
+        let mut layers = layers;
+        if self.config.pmem {
+            for l in layers.iter_mut() {
+                l.meta_pmem = pmem_copy(&self.config.pmem_dir, &l.meta).await;
+                if let Some(b) = &l.blob {
+                    l.blob_pmem = pmem_copy(&self.config.pmem_dir, b).await;
+                }
+            }
+        }
         let upper = vm_dir.join(UPPER_DISK);
         make_upper_disk(&upper, self.config.disk_mb)
             .await
@@ -535,6 +560,43 @@ impl MicroVmSubstrate {
             vm_dir,
             vm,
         })
+    }
+}
+
+/// The copy of a layer file padded with zeros to [`qemu::PMEM_ALIGN`] for virtio-pmem, made
+/// once per file (layer files are named by digest and never change). `None` (the layer is then
+/// a virtio-blk disk) when it cannot be made.
+async fn pmem_copy(dir: &Path, src: &Path) -> Option<PathBuf> {
+    let name = src.file_name()?.to_str()?;
+    let dst = dir.join(format!("{name}.pmem"));
+    if dst.is_file() {
+        return Some(dst);
+    }
+    static SEQ: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let seq = SEQ.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let tmp = dir.join(format!(".{name}.{}.{seq}.tmp", std::process::id()));
+    let tmp_cleanup = tmp.clone();
+    let (dir2, src2, dst2) = (dir.to_path_buf(), src.to_path_buf(), dst.clone());
+    let made = tokio::task::spawn_blocking(move || -> io::Result<()> {
+        std::fs::create_dir_all(&dir2)?;
+        std::fs::copy(&src2, &tmp)?;
+        let len = std::fs::metadata(&tmp)?.len();
+        let padded = len.div_ceil(qemu::PMEM_ALIGN).max(1) * qemu::PMEM_ALIGN;
+        std::fs::OpenOptions::new()
+            .write(true)
+            .open(&tmp)?
+            .set_len(padded)?;
+        std::fs::rename(&tmp, &dst2)
+    })
+    .await;
+    match made {
+        Ok(Ok(())) => Some(dst),
+        Ok(Err(e)) => {
+            let _ = std::fs::remove_file(&tmp_cleanup);
+            tracing::warn!(layer = %src.display(), error = %e, "no virtio-pmem copy of the layer; it is attached as a disk");
+            None
+        }
+        Err(_) => None,
     }
 }
 

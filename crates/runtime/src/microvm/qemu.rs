@@ -48,7 +48,19 @@ impl Machine {
 pub struct GuestLayer {
     pub meta: PathBuf,
     pub blob: Option<PathBuf>,
+    /// The metadata image padded to [`PMEM_ALIGN`], to map as virtio-pmem (DAX) instead of a
+    /// virtio-blk disk.
+    pub meta_pmem: Option<PathBuf>,
+    /// The same for the data blob.
+    pub blob_pmem: Option<PathBuf>,
 }
+
+/// virtio-pmem regions are mapped in 2 MiB units: a backing file's size must be a multiple.
+pub const PMEM_ALIGN: u64 = 2 << 20;
+
+/// PCI slots for virtio-pmem devices (the guest finds a layer's region by its slot); other
+/// devices take the lowest free slots.
+const PMEM_SLOTS: std::ops::RangeInclusive<u32> = 0x18..=0x1f;
 
 /// Everything the command line depends on.
 #[derive(Debug, Clone)]
@@ -87,7 +99,35 @@ pub fn command_line(a: &QemuArgs<'_>) -> Vec<String> {
         Machine::Microvm => "microvm,pit=on,pic=on,rtc=on".to_string(),
         Machine::Pc => "pc".to_string(),
     };
-    let mem = format!("{}M", a.memory_mb);
+    // virtio-pmem regions: (id, file, size), each on its own PCI slot.
+    let mut pmem: Vec<(String, &Path, u64, u32)> = Vec::new();
+    let mut slots = PMEM_SLOTS;
+    for (i, l) in a.layers.iter().enumerate() {
+        for (id, p) in [
+            (format!("m{i}"), &l.meta_pmem),
+            (format!("b{i}"), &l.blob_pmem),
+        ] {
+            if let Some(p) = p {
+                let size = std::fs::metadata(p).map(|m| m.len()).unwrap_or(0);
+                if size == 0 || size % PMEM_ALIGN != 0 {
+                    continue;
+                }
+                if let Some(slot) = slots.next() {
+                    pmem.push((id, p.as_path(), size, slot));
+                }
+            }
+        }
+    }
+    let pmem_total_mb: u64 = pmem.iter().map(|(_, _, s, _)| s >> 20).sum();
+    let mem = if pmem.is_empty() {
+        format!("{}M", a.memory_mb)
+    } else {
+        format!(
+            "{}M,slots=1,maxmem={}M",
+            a.memory_mb,
+            a.memory_mb + pmem_total_mb + 2
+        )
+    };
     let smp = a.vcpus.max(1).to_string();
     push(&[
         "-M",
@@ -100,10 +140,17 @@ pub fn command_line(a: &QemuArgs<'_>) -> Vec<String> {
         &smp,
     ]);
     push(&["-nodefaults", "-no-user-config", "-nographic", "-no-reboot"]);
-    let append = format!(
+    let mut append = format!(
         "console=ttyS0 panic=-1 quiet loglevel=4 dsec.nlayers={}",
         a.layers.len()
     );
+    if !pmem.is_empty() {
+        let map: Vec<String> = pmem
+            .iter()
+            .map(|(id, _, _, slot)| format!("{id}@{slot:02x}"))
+            .collect();
+        append.push_str(&format!(" dsec.pmem={}", map.join(",")));
+    }
     push(&[
         "-kernel",
         &esc(a.kernel),
@@ -123,10 +170,25 @@ pub fn command_line(a: &QemuArgs<'_>) -> Vec<String> {
             );
             push(&["-drive", &drive, "-device", &dev]);
         };
-        disk(format!("m{i}"), &l.meta);
-        if let Some(b) = &l.blob {
-            disk(format!("b{i}"), b);
+        let mapped = |id: &str| pmem.iter().any(|(p, _, _, _)| p == id);
+        if !mapped(&format!("m{i}")) {
+            disk(format!("m{i}"), &l.meta);
         }
+        if let Some(b) = &l.blob {
+            if !mapped(&format!("b{i}")) {
+                disk(format!("b{i}"), b);
+            }
+        }
+    }
+    for (id, path, size, slot) in &pmem {
+        // share=on: the guest's DAX mappings are the host's page cache of the file, shared by
+        // every VM that maps it; readonly: the guest cannot write the layer.
+        let obj = format!(
+            "memory-backend-file,id=pm{id},share=on,readonly=on,mem-path={},size={size}",
+            esc(path)
+        );
+        let dev = format!("virtio-pmem-pci,memdev=pm{id},id=vpm{id},addr=0x{slot:02x}");
+        push(&["-object", &obj, "-device", &dev]);
     }
     if let Some(u) = a.upper {
         let drive = format!(
@@ -169,15 +231,65 @@ mod tests {
     use super::*;
 
     #[test]
+    fn aligned_layers_become_pmem_regions() {
+        let t = tempfile::tempdir().unwrap();
+        let padded = t.path().join("a.erofs.pmem");
+        std::fs::File::create(&padded)
+            .unwrap()
+            .set_len(2 * PMEM_ALIGN)
+            .unwrap();
+        let odd = t.path().join("b.blob.pmem");
+        std::fs::write(&odd, b"not aligned").unwrap();
+        let layers = vec![GuestLayer {
+            meta: "/l/a.erofs".into(),
+            blob: Some("/b/a.blob".into()),
+            meta_pmem: Some(padded.clone()),
+            blob_pmem: Some(odd),
+        }];
+        let p = Path::new("/x");
+        let s = command_line(&QemuArgs {
+            machine: Machine::Pc,
+            accel: Accel::Tcg,
+            memory_mb: 256,
+            vcpus: 1,
+            kernel: p,
+            initrd: p,
+            console_log: p,
+            aether_socket: p,
+            qmp_socket: p,
+            pidfile: p,
+            layers: &layers,
+            upper: None,
+            balloon: false,
+        })
+        .join(" ");
+        assert!(s.contains("-m 256M,slots=1,maxmem=262M"), "{s}");
+        assert!(s.contains("dsec.pmem=m0@18"), "{s}");
+        assert!(s.contains(&format!(
+            "memory-backend-file,id=pmm0,share=on,readonly=on,mem-path={},size={}",
+            padded.display(),
+            2 * PMEM_ALIGN
+        )));
+        assert!(s.contains("virtio-pmem-pci,memdev=pmm0,id=vpmm0,addr=0x18"));
+        // The metadata is mapped, not a disk; the unaligned blob falls back to a disk.
+        assert!(!s.contains("serial=dsec-m0"));
+        assert!(s.contains("serial=dsec-b0"));
+    }
+
+    #[test]
     fn layers_become_serial_numbered_read_only_disks() {
         let layers = vec![
             GuestLayer {
                 meta: "/l/a.erofs".into(),
                 blob: Some("/b/a.blob".into()),
+                meta_pmem: None,
+                blob_pmem: None,
             },
             GuestLayer {
                 meta: "/l/b,c.erofs".into(),
                 blob: None,
+                meta_pmem: None,
+                blob_pmem: None,
             },
         ];
         let p = Path::new("/x");

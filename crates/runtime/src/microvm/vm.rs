@@ -37,6 +37,16 @@ pub struct Launch {
     pub args: Vec<String>,
 }
 
+impl Launch {
+    /// Guest memory includes file-backed shared regions (virtio-pmem layers): snapshots skip
+    /// them (`x-ignore-shared`), the restored QEMU maps the same files.
+    pub fn shared_memory(&self) -> bool {
+        self.args
+            .iter()
+            .any(|a| a.starts_with("memory-backend-file,") && a.contains(",share=on"))
+    }
+}
+
 /// One QEMU process of the VM.
 struct Proc {
     pid: i32,
@@ -461,7 +471,13 @@ impl Vm {
             "exec:cat > {}",
             crate::microvm::cpio::shell_quote(&tmp.display().to_string())
         );
+        let shared = self.launch.shared_memory();
         let migrated = async {
+            if shared {
+                q.set_capabilities(&[("x-ignore-shared", true)])
+                    .await
+                    .map_err(|e| e.to_string())?;
+            }
             q.migrate(&uri).await.map_err(|e| e.to_string())?;
             q.wait_migration(Duration::from_secs(600))
                 .await
@@ -537,6 +553,11 @@ impl Vm {
             let mut q = Qmp::connect_retry(&self.vm_dir.join("qmp.sock"), Duration::from_secs(10))
                 .await
                 .map_err(|e| e.to_string())?;
+            if self.launch.shared_memory() {
+                q.set_capabilities(&[("x-ignore-shared", true)])
+                    .await
+                    .map_err(|e| e.to_string())?;
+            }
             q.migrate_incoming(&uri).await.map_err(|e| e.to_string())?;
             let deadline = Instant::now() + Duration::from_secs(600);
             loop {
