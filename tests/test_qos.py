@@ -184,7 +184,7 @@ def test_default_class_admission_and_restart(dsec_bin):
         a = admission(up)
         assert a["memory_mb_committed_ls"] == 1024 and a["memory_mb_committed_be"] == 3072, a
         # Requests sum to 4 GiB on a 2 GiB node; what counts is the LS floor + measured use.
-        # (a sandbox counts by its request until its first measurement, every qos.sample_ms)
+        # (a starting sandbox counts by its reservation until measured, every qos.sample_ms)
         assert wait_until(lambda: admission(up)["memory_mb_used"] < 2048 * 0.9, 15), admission(up)
         # Edge crash and restart: the sandboxes are re-adopted with their class.
         up.kill()

@@ -180,8 +180,12 @@ impl Qos {
                     Amount::new(b.req.memory_mb.min(res.memory_mb), b.req.cpu.min(res.cpu));
                 continue;
             }
-            // Not measured (yet, or never: a microVM has no sandbox cgroup): its request.
-            let used = b.used.unwrap_or(b.req);
+            // Not measured yet: its reservation (a sandbox without a cgroup to measure, a
+            // microVM, is set to its request by `sample`).
+            let used = b.used.unwrap_or(Amount::new(
+                b.req.memory_mb.min(res.memory_mb),
+                b.req.cpu.min(res.cpu),
+            ));
             // LS memory counts by its request (the floor); BE by its working set.
             if b.class == QosClass::BestEffort {
                 s.used.memory_mb += used.memory_mb;
@@ -268,18 +272,27 @@ impl Qos {
             .map(|(id, _)| id.clone())
             .collect();
         let mut measured = Vec::with_capacity(ids.len());
+        let mut unmeasurable = Vec::new();
         for id in ids {
             let Ok(cg) = dsec_runtime::cgroup::Cgroup::open(&root, cgroup_parent, &id) else {
                 continue;
             };
             if !cg.path().is_dir() {
-                continue; // not a container (microVM) or already gone
+                // No sandbox cgroup (a microVM, whose guest memory stays resident): counted by
+                // its request.
+                unmeasurable.push(id);
+                continue;
             }
             let mem = cg.memory_working_set().ok();
             let cpu = cg.cpu_usage_ns().ok();
             measured.push((id, mem, cpu, Instant::now()));
         }
         let mut books = lock(&self.books);
+        for id in unmeasurable {
+            if let Some(b) = books.get_mut(&id) {
+                b.used = Some(b.req);
+            }
+        }
         for (id, mem, cpu_ns, at) in measured {
             let Some(b) = books.get_mut(&id) else {
                 continue;
@@ -362,13 +375,16 @@ mod tests {
         let s = q.snapshot();
         assert_eq!(s.reserved, Amount::new(64.0, 0.1));
         assert_eq!(s.committed_be, Amount::new(1024.0, 0.5));
-        // Running, not measured yet: its request.
+        // Running, not measured yet: still its reservation.
         q.started("a");
         let s = q.snapshot();
         assert_eq!(
             (s.reserved, s.used),
-            (Amount::default(), Amount::new(1024.0, 0.5))
+            (Amount::default(), Amount::new(64.0, 0.1))
         );
+        // No cgroup to measure (a microVM): its request.
+        q.sample("dsec/no-such-node-qos-test");
+        assert_eq!(q.snapshot().used, Amount::new(1024.0, 0.5));
         // Measured: its working set and CPU rate.
         lock(&q.books).get_mut("a").unwrap().used = Some(Amount::new(3.0, 0.01));
         assert_eq!(q.snapshot().used, Amount::new(3.0, 0.01));
