@@ -1164,6 +1164,10 @@ impl Manager {
             let mut i = lock(&e.info);
             i.state = SandboxState::Running;
             i.paused_at = None;
+            // A pause's reason (memory pressure) ends with the pause.
+            if i.reason.as_deref().is_some_and(|r| r.starts_with("paused:")) {
+                i.reason = None;
+            }
         }
         e.persist();
         self.metrics.sandboxes_running.inc();
