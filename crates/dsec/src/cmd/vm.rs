@@ -314,15 +314,53 @@ fn partitions(raw: &Path) -> Vec<(u64, Option<u64>)> {
     out
 }
 
-fn write_file(root: &Path, rel: &str, data: &[u8], mode: u32) -> anyhow::Result<()> {
-    use std::os::unix::fs::PermissionsExt;
-    let p = root.join(rel);
-    if let Some(d) = p.parent() {
-        std::fs::create_dir_all(d).with_context(|| format!("create {}", d.display()))?;
+/// Creates the directories of `rel` (relative, `/`-separated) under `root`, refusing any
+/// component that is a symlink: the image is untrusted and mounted on the host, where an
+/// absolute link (`usr/local -> /usr`) would point into the host's own tree.
+fn safe_dirs(root: &Path, rel: &str) -> anyhow::Result<PathBuf> {
+    let mut p = root.to_path_buf();
+    for c in rel.split('/').filter(|c| !c.is_empty()) {
+        if c == "." || c == ".." {
+            bail!("path {rel:?} is not plain");
+        }
+        p.push(c);
+        match std::fs::symlink_metadata(&p) {
+            Ok(m) if m.file_type().is_symlink() => bail!(
+                "/{rel}: /{} is a symlink in the image; refusing to follow it on the host",
+                p.strip_prefix(root).unwrap_or(&p).display()
+            ),
+            Ok(m) if m.is_dir() => {}
+            Ok(_) => bail!(
+                "/{} is not a directory in the image",
+                p.strip_prefix(root).unwrap_or(&p).display()
+            ),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                std::fs::create_dir(&p).with_context(|| format!("create {}", p.display()))?
+            }
+            Err(e) => return Err(e).with_context(|| format!("stat {}", p.display())),
+        }
     }
+    Ok(p)
+}
+
+fn write_file(root: &Path, rel: &str, data: &[u8], mode: u32) -> anyhow::Result<()> {
+    use std::io::Write;
+    use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
+    let (dir, name) = rel.rsplit_once('/').unwrap_or(("", rel));
+    let p = safe_dirs(root, dir)?.join(name);
     // Replace rather than write through: the path could be a symlink in the image.
-    let _ = std::fs::remove_file(&p);
-    std::fs::write(&p, data).with_context(|| format!("write {}", p.display()))?;
+    match std::fs::remove_file(&p) {
+        Ok(()) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+        Err(e) => return Err(e).with_context(|| format!("remove {}", p.display())),
+    }
+    std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(mode)
+        .open(&p)
+        .and_then(|mut f| f.write_all(data))
+        .with_context(|| format!("write {}", p.display()))?;
     std::fs::set_permissions(&p, std::fs::Permissions::from_mode(mode))
         .with_context(|| format!("chmod {}", p.display()))?;
     Ok(())
@@ -348,8 +386,7 @@ fn inject(root: &Path, aether: &[u8]) -> anyhow::Result<Vec<&'static str>> {
             DSEC_UNIT.as_bytes(),
             0o644,
         )?;
-        let wants = root.join("etc/systemd/system/multi-user.target.wants");
-        std::fs::create_dir_all(&wants).with_context(|| format!("create {}", wants.display()))?;
+        let wants = safe_dirs(root, "etc/systemd/system/multi-user.target.wants")?;
         let link = wants.join("dsec-aether.service");
         let _ = std::fs::remove_file(&link);
         std::os::unix::fs::symlink("/etc/systemd/system/dsec-aether.service", &link)
@@ -404,6 +441,7 @@ fn prepare(a: &PrepareArgs) -> anyhow::Result<()> {
         }
         s.loopdev = Some(dev.clone());
         if Command::new("mount")
+            .args(["-o", "nosuid,nodev,noexec"])
             .arg(&dev)
             .arg(&mnt)
             .stderr(std::process::Stdio::null())
@@ -595,6 +633,14 @@ mod tests {
             std::fs::read_link(&link).unwrap(),
             Path::new("/etc/systemd/system/dsec-aether.service")
         );
+        // A symlinked directory in the (untrusted) image is not followed on the host.
+        let t2 = tempfile::tempdir().unwrap();
+        let outside = tempfile::tempdir().unwrap();
+        std::fs::create_dir_all(t2.path().join("usr")).unwrap();
+        std::os::unix::fs::symlink(outside.path(), t2.path().join("usr/local")).unwrap();
+        let e = inject(t2.path(), b"ELF").unwrap_err();
+        assert!(e.to_string().contains("symlink"), "{e}");
+        assert_eq!(std::fs::read_dir(outside.path()).unwrap().count(), 0);
         // Again: idempotent.
         inject(root, b"ELF2").unwrap();
         assert_eq!(
