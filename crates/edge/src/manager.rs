@@ -1165,7 +1165,10 @@ impl Manager {
             i.state = SandboxState::Running;
             i.paused_at = None;
             // A pause's reason (memory pressure) ends with the pause.
-            if i.reason.as_deref().is_some_and(|r| r.starts_with("paused:")) {
+            if i.reason
+                .as_deref()
+                .is_some_and(|r| r.starts_with("paused:"))
+            {
                 i.reason = None;
             }
         }
