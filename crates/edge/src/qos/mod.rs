@@ -28,7 +28,9 @@ pub struct QosConfig {
     pub default_class: QosClass,
     /// LS floor: latency-sensitive memory requests stay within physical memory × this.
     pub ls_memory_ratio: f64,
-    /// LS floor: latency-sensitive CPU requests stay within the node's cores × this.
+    /// LS floor: latency-sensitive CPU requests stay within the node's cores × this (default
+    /// 25, the default `cpu_overcommit`: CPU is compressible and best-effort tasks are
+    /// SCHED_IDLE, so by default only memory is held back for LS; lower it to bound LS CPU).
     pub ls_cpu_ratio: f64,
     /// Best-effort admission: LS requests + measured memory use stay within physical × this.
     pub memory_usage_limit: f64,
@@ -51,7 +53,7 @@ impl Default for QosConfig {
         Self {
             default_class: QosClass::LatencySensitive,
             ls_memory_ratio: 1.0,
-            ls_cpu_ratio: 8.0,
+            ls_cpu_ratio: 25.0,
             memory_usage_limit: 0.9,
             cpu_usage_limit: 1.0,
             start_reservation_mb: 64,
