@@ -64,15 +64,29 @@ def test_best_effort_is_sched_idle_and_lowest_weight(node, client):
         assert sb.info.qos == "best_effort"
         assert get_info(node, sb.id)["qos"] == "best_effort"
         assert_best_effort(node, sb)
-        # The sandbox cannot leave SCHED_IDLE: that needs CAP_SYS_NICE or an RLIMIT_NICE
-        # range, and aether keeps neither (RLIMIT_NICE is pinned to 0/0).
-        r = sb.run_shell("chrt -o -p 0 $$; echo rc=$?; " + POLICY)
-        assert "rc=0" not in r.stdout, r
-        assert r.stdout.split()[-1] == str(SCHED_IDLE), r
+        # RLIMIT_NICE is pinned to 0/0 (see test_best_effort_cannot_leave_sched_idle).
         assert "Max nice priority         0                    0" in sh(sb, "cat /proc/self/limits")
-        # A non-root user is no better off.
-        r = sb.run_shell("su nobody -s /bin/sh -c 'chrt -o -p 0 $$; echo rc=$?'")
-        assert "rc=0" not in r.stdout, r
+    finally:
+        stop_quietly(sb)
+
+
+def test_best_effort_cannot_leave_sched_idle(node, client, debian):
+    """Leaving SCHED_IDLE needs CAP_SYS_NICE or an RLIMIT_NICE range: sandboxes have neither
+    (aether drops CAP_SYS_NICE and CAP_SYS_RESOURCE; the edge pins RLIMIT_NICE to 0/0)."""
+    sb = make_sandbox(client, debian, qos="best_effort")
+    try:
+        r = sb.run_shell("chrt -o -p 0 $$; echo rc=$?; chrt -p $$")
+        assert "rc=1" in r.stdout and "Operation not permitted" in r.stderr, r
+        assert "SCHED_IDLE" in r.stdout, r
+        escape = "import os; os.sched_setscheduler(0, os.SCHED_OTHER, os.sched_param(0))"
+        for prefix in ("", "os.setgid(65534); os.setuid(65534); "):
+            py = "import os; " + prefix + escape.split("; ", 1)[1]
+            r = sb.run_shell(f'python3 -c "{py}"; echo rc=$?')
+            assert "PermissionError" in r.stderr and "rc=1" in r.stdout, r
+        # Raising the limit is refused too (no CAP_SYS_RESOURCE).
+        r = sb.run_shell("prlimit --nice=40:40 --pid $$; echo rc=$?")
+        assert "rc=1" in r.stdout and "Operation not permitted" in r.stderr, r
+        assert policies(sb) == [SCHED_IDLE] * 3
     finally:
         stop_quietly(sb)
 
