@@ -200,6 +200,10 @@ def test_vm_refusals(fv_ok, client, vm):
         client.run_vm({"image": "debian", "env": {"A": "b"}}, timeout=60)
     with pytest.raises(dsec.BadRequest, match="workspace"):
         client.run_vm({"image": "debian", "toolkits": ["busybox"]}, timeout=60)
+    with pytest.raises(dsec.BadRequest, match="disk_limit_mb"):
+        client.run_vm({"image": "debian", "disk_limit_mb": 512}, timeout=60)
+    with pytest.raises(dsec.BadRequest, match="network"):
+        client.run_vm({"image": "debian", "network": {"mode": "open"}}, timeout=60)
     # What a full VM cannot do is refused, not ignored.
     with pytest.raises(dsec.Unsupported, match="pack_diff"):
         vm.pack_diff(f"fv-pack-{uuid.uuid4().hex[:6]}")
@@ -228,6 +232,60 @@ def test_vm_direct_kernel_boot_of_an_imported_image(fv_ok, client, node, dsec_bi
     finally:
         subprocess.run([dsec_bin, "vm", "image", "rm", name, "--data-dir", node.data_dir], check=False)
     assert not list(Path(node.data_dir, "vm-images").glob(f"{name}.*"))
+
+
+def test_vm_stop_while_paused_leaves_nothing(fv_ok, client, node):
+    sb = client.run_vm(DSecVMRunArgs(image="debian", memory_limit_mb=256), timeout=600)
+    vm_dir = Path(node.sandbox_dir(sb.id)) / "vm"
+    sh(sb, "echo x > /root/x")
+    sb.pause()
+    assert (vm_dir / "snapshot").is_file() and not qemu_pids_for(str(vm_dir))
+    sb.stop()
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline and vm_dir.exists():
+        time.sleep(0.1)
+    assert not vm_dir.exists(), "VM dir (snapshot, overlay) left after stop while paused"
+    assert client.get_sandbox(sb.id).state == "stopped"
+
+
+def test_prepare_image_injects_aether_and_leaves_the_input_alone(fv_ok, dsec_bin, tmp_path):
+    """`dsec vm prepare-image` on a small partitioned qcow2 image (built here): the output has
+    aether and the boot hook in the root partition; the input's checksum is unchanged."""
+    for t in ("sfdisk", "mkfs.ext4", "debugfs"):
+        if shutil.which(t) is None:
+            pytest.skip(f"{t} is not installed")
+    raw = tmp_path / "small.raw"
+    with open(raw, "wb") as f:
+        f.truncate(64 << 20)
+    subprocess.run(["sfdisk", "-q", str(raw)], input=b"start=2048, size=20480, type=83\nstart=22528, type=83\n", check=True)
+    # Partition 1: no root (a data partition); partition 2: the root.
+    for i, (start, size) in enumerate(((2048, 20480), (22528, (64 << 11) - 22528))):
+        part = tmp_path / f"p{i}.img"
+        with open(part, "wb") as f:
+            f.truncate(size * 512)
+        root = tmp_path / f"root{i}"
+        (root / "etc").mkdir(parents=True)
+        if i == 1:
+            (root / "etc" / "os-release").write_text("ID=test\n")
+        subprocess.run(["mkfs.ext4", "-q", "-F", "-d", str(root), str(part)], check=True)
+        subprocess.run(["dd", f"if={part}", f"of={raw}", "bs=512", f"seek={start}", "conv=notrunc", "status=none"], check=True)
+    src = tmp_path / "small.qcow2"
+    subprocess.run(["qemu-img", "convert", "-f", "raw", "-O", "qcow2", str(raw), str(src)], check=True)
+    before = sha256(src)
+    out = tmp_path / "out.raw"
+    p = subprocess.run([dsec_bin, "vm", "prepare-image", "--in", str(src), "--out", str(out)],
+                       capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0, p.stderr
+    assert "partition 2" in p.stdout, p.stdout
+    assert sha256(src) == before, "prepare-image modified its input"
+    assert not list(tmp_path.glob(".dsec-prepare*")), "scratch files left"
+    # Read partition 2 of the output without mounting it.
+    part2 = tmp_path / "out-p2.img"
+    subprocess.run(["dd", f"if={out}", f"of={part2}", "bs=512", "skip=22528", "status=none"], check=True)
+    ls = subprocess.run(["debugfs", "-R", "ls -l /usr/local/sbin", str(part2)], capture_output=True, text=True).stdout
+    assert "dsec-aether" in ls and "dsec-init" in ls, ls
+    hook = subprocess.run(["debugfs", "-R", "cat /usr/local/sbin/dsec-init", str(part2)], capture_output=True).stdout
+    assert b"--mode bare --fd 3" in hook
 
 
 def test_vm_whose_qemu_is_killed_is_reported_dead_and_cleaned(fv_ok, client, node):

@@ -65,6 +65,11 @@ pub fn check_request(req: &dsec_wire::api::CreateSandboxRequest) -> Result<Strin
             "workspace and toolkits are layers of the image store; a full VM boots a disk image and cannot take them".into(),
         ));
     }
+    if req.disk_limit_mb.is_some() {
+        return Err(EdgeError::BadRequest(
+            "disk_limit_mb is not supported for full-VM sandboxes yet (the overlay can grow to the image's virtual size)".into(),
+        ));
+    }
     if !valid_name(&req.image) {
         return Err(EdgeError::BadRequest(format!(
             "VM image name {:?}: 1-64 of [A-Za-z0-9._-], not starting with '.' or '-'",
