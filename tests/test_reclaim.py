@@ -275,6 +275,11 @@ def test_pressure_reclaims_then_pauses_best_effort_and_spares_ls(rnode, rclient)
         assert "memory pressure" in recs[0]["request"]["reason"]
         ls_recs = ls.trajectory(kind=["reclaim", "memory_pressure"])
         assert ls_recs == [], ls_recs
+        # Resuming ends the pause and its reason; the hog is still there.
+        info = paused_ids[0].resume()
+        assert info.state == "running" and not info.reason, (info.state, info.reason)
+        sh(paused_ids[0], "rm -f /tmp/answer; touch /tmp/ask")
+        assert wait_until(lambda: upper(rnode, paused_ids[0].id, "/tmp/answer") == "alive", 20)
         # The node carries on: a new sandbox works.
         bb = rclient.run_container({"image": "debian"}, timeout=120)
         assert sh(bb, "echo fine") == "fine\n"
