@@ -145,6 +145,8 @@ struct Inner {
     tracks: HashMap<String, Track>,
     episode: pressure::Episode,
     damon_memcgs: Vec<String>,
+    /// The swap tier was found full (warned once until it drains).
+    zram_full: bool,
 }
 
 /// The running reclaim policy of one edge.
@@ -350,6 +352,7 @@ impl Reclaim {
                 .reclaimed_bytes
                 .remove_label_values(&[&id, self.mechanism]);
         }
+        self.check_zram_fill(&mut inner);
         // Swap policy per QoS class.
         for v in &views {
             let t = inner.tracks.entry(v.id.clone()).or_default();
@@ -481,6 +484,26 @@ impl Reclaim {
                     format!("{reason}; reclaim did not relieve it"),
                 )
             })
+    }
+
+    /// Warns once when the zram device holds 95% of its `disksize` (uncompressed): nothing
+    /// more can be swapped, so reclaim only drops page cache until it drains.
+    fn check_zram_fill(&self, inner: &mut Inner) {
+        let Some(d) = &self.zram else { return };
+        let Some((orig, _, used)) = self.zram_host.mm_stat(d.marker.device) else {
+            return;
+        };
+        let full = orig.saturating_mul(100) >= d.marker.disksize_bytes.saturating_mul(95);
+        if full && !inner.zram_full {
+            tracing::warn!(
+                device = d.marker.device,
+                stored_mb = mib(orig),
+                memory_mb = mib(used),
+                disksize_mb = mib(d.marker.disksize_bytes),
+                "reclaim: the zram swap tier is full (raise reclaim.zram_mb: it is the uncompressed capacity)"
+            );
+        }
+        inner.zram_full = full;
     }
 
     /// Samples a sandbox's CPU time; marks it active when it used more than
