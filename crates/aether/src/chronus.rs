@@ -210,6 +210,22 @@ fn session(srv: &Server, name: &str) -> Arc<Session> {
         .clone()
 }
 
+/// Starts session `name`'s shell ahead of its first call, so that the sandbox's first
+/// `run_shell` does not wait for the shell to start. A call that arrives meanwhile waits for
+/// this one (it holds the session's slot); a failure is left for that call to report.
+pub fn prestart(srv: &Server, name: &str) {
+    let sess = session(srv, name);
+    let mut slot = lock(&sess.slot);
+    if slot.shell.is_some() {
+        return;
+    }
+    if let Ok(sh) = start_shell(srv) {
+        slot.started = true;
+        sess.leader.store(sh.pid, Ordering::SeqCst);
+        slot.shell = Some(sh);
+    }
+}
+
 /// `CloseSession`: kills the shell and everything in its session.
 pub fn close(srv: &Server, name: &str) {
     let Some(s) = lock(&srv.sessions).remove(name) else {

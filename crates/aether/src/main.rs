@@ -198,6 +198,11 @@ fn main() {
         args.mode == Mode::Container,
     ));
     let bare_dir = (args.mode == Mode::Bare).then_some(run_dir);
+    if args.mode == Mode::Container {
+        // The `default` session's shell starts while the edge answers the create.
+        let s2 = srv.clone();
+        std::thread::spawn(move || chronus::prestart(&s2, "default"));
+    }
     serve(&srv, chan, grace);
     srv.kill_everything();
     if let Some(d) = bare_dir {
