@@ -15,7 +15,7 @@ use dsec_runtime::cgroup::qos::CpuPriority;
 use dsec_runtime::cgroup::{Cgroup, CgroupRoot};
 use dsec_wire::api::QosClass;
 
-use super::caps::{errno_name, PIDTYPE_TGID, PR_SCHED_CORE_CREATE};
+use super::caps::{errno_name, PIDTYPE_TGID, PR_SCHED_CORE, PR_SCHED_CORE_CREATE};
 
 /// Why a class could not be applied.
 #[derive(Debug, thiserror::Error)]
@@ -88,7 +88,7 @@ pub fn core_cookie(pid: i32) -> Result<(), ApplyError> {
     // SAFETY: PR_SCHED_CORE_CREATE takes plain integers (pid, pid type, 0).
     let rc = unsafe {
         libc::prctl(
-            62, // PR_SCHED_CORE
+            PR_SCHED_CORE,
             PR_SCHED_CORE_CREATE,
             pid as libc::c_ulong,
             PIDTYPE_TGID,
@@ -144,6 +144,7 @@ pub fn apply(
             }
         }
     }
+    tracing::debug!(sandbox = %id, ?class, applied = ?out, "QoS class applied");
     Ok(out)
 }
 

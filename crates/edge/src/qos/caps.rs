@@ -9,7 +9,7 @@ use std::path::Path;
 use dsec_wire::api::{Capability, NodeCapabilities};
 
 /// `prctl` option and sub-commands of core scheduling (linux/prctl.h; not in every libc).
-const PR_SCHED_CORE: libc::c_int = 62;
+pub(crate) const PR_SCHED_CORE: libc::c_int = 62;
 const PR_SCHED_CORE_GET: libc::c_ulong = 0;
 pub(crate) const PR_SCHED_CORE_CREATE: libc::c_ulong = 1;
 /// `PIDTYPE_TGID` of `enum pid_type`: the cookie covers the whole thread group.
