@@ -197,10 +197,23 @@ async def density(node, a):
         if meminfo_kib("MemAvailable") * 1024 < floor:
             stopped_by = f"host MemAvailable under {a.floor_gib} GiB"
             break
+        # With reclaim on, do not run ahead of it: creating is faster than reclaiming (~4/s here),
+        # and an un-reclaimed backlog of 20 MB sandboxes would eat the machine meanwhile.
+        while node.mode == "on" and node.cgroup_bytes() > len(sbs) * (2 << 20) + int(a.backlog_gib * (1 << 30)):
+            await asyncio.sleep(1.0)
         batch = min(a.concurrency * 2, min(a.n, a.max) - len(sbs))
         sbs += await asyncio.gather(*(make(c, sem) for _ in range(batch)))
     create_s = time.monotonic() - t0
     await asyncio.sleep(a.settle_s)
+    # Let reclaim finish the backlog: until node memory stops falling (at most 10 min).
+    if node.mode == "on":
+        last = node.memory()[0]
+        for _ in range(60):
+            await asyncio.sleep(10)
+            now = node.memory()[0]
+            if now > last * 0.99:
+                break
+            last = now
     total, cg, z, rss = node.memory()
     avail1 = meminfo_kib("MemAvailable") * 1024
     n = len(sbs)
@@ -277,6 +290,7 @@ async def main():
     ap.add_argument("--n", type=int, default=300)
     ap.add_argument("--max", type=int, default=5000)
     ap.add_argument("--floor-gib", type=float, default=3.0)
+    ap.add_argument("--backlog-gib", type=float, default=1.5, help="reclaim on: most un-reclaimed memory before creating more")
     ap.add_argument("--concurrency", type=int, default=6)
     ap.add_argument("--cold-s", type=int, default=10)
     ap.add_argument("--settle-s", type=int, default=30)
