@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import resource
 import signal
 import socket
 import subprocess
@@ -62,6 +63,18 @@ def rss_mb(pid: int) -> float:
     return 0.0
 
 
+def cpu_s(pid: int) -> float:
+    """utime + stime of a process, seconds."""
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def children_cpu_s() -> float:
+    r = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return r.ru_utime + r.ru_stime
+
+
 def cluster(count: int, capacity: int, strategy: str, tmp: str):
     edges, ev = start([DSEC, "edge", "--simulated", "--count", str(count), "--capacity", str(capacity),
                        "--listen", "127.0.0.1:0", "--node-id", "b", "--log-level", "warn"],
@@ -97,11 +110,20 @@ def main():
     edges, api, url, key = cluster(160, 2500, "power_of_k", tmp)
     try:
         for r in [float(x) for x in a.rates.split(",") if x]:
+            before = (cpu_s(api.pid), cpu_s(edges.pid), children_cpu_s())
             s = load(url, key, "--rate", str(r), "--total", str(int(r * a.seconds)), "--concurrency", "1024", "--delete")
+            after = (cpu_s(api.pid), cpu_s(edges.pid), children_cpu_s())
             s.pop("per_node", None)
+            # CPU per create+delete (less sensitive to other load on the machine than latency).
+            ops = max(s["created"], 1)
+            s["cpu_us_per_op"] = {name: (after[i] - before[i]) * 1e6 / ops
+                                  for i, name in enumerate(("apiserver", "sim_edges", "load_generator"))}
+            s["loadavg_1m"] = os.getloadavg()[0]
             res["rates"].append(s)
             print(f"rate {r:.0f}/s: achieved {s['achieved_creates_per_s']:.0f}/s p50 {s['create_p50_ms']:.1f} ms "
-                  f"p99 {s['create_p99_ms']:.1f} ms refused {s['refused']}", file=sys.stderr)
+                  f"p99 {s['create_p99_ms']:.1f} ms refused {s['refused']} cpu/op "
+                  + " ".join(f"{k} {v:.0f} us" for k, v in s["cpu_us_per_op"].items())
+                  + f" load {s['loadavg_1m']:.1f}", file=sys.stderr)
         rss0 = rss_mb(api.pid)
         s = load(url, key, "--total", str(a.live), "--concurrency", "512")
         time.sleep(2)

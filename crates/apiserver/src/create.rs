@@ -15,7 +15,7 @@ use std::time::{Duration, Instant};
 use axum::http::{header, StatusCode};
 use axum::response::{IntoResponse, Response};
 use bytes::Bytes;
-use dsec_wire::api::{codes, CreateSandboxRequest, SandboxInfo};
+use dsec_wire::api::{codes, CreateSandboxRequest};
 
 use crate::db::Principal;
 use crate::error::{error_response, ApiError};
@@ -30,6 +30,14 @@ pub const LABEL_RESERVATION: &str = "dsec.reservation";
 
 /// How long a retried create waits for an in-flight create with the same idempotency key.
 const IN_FLIGHT_WAIT: Duration = Duration::from_secs(10);
+
+/// The two fields of an edge's `SandboxInfo` answer the ledger needs (the answer itself is
+/// passed on unchanged; decoding all of it per create is wasted work).
+#[derive(serde::Deserialize)]
+struct CreatedOn {
+    id: String,
+    node: String,
+}
 
 fn json(status: StatusCode, body: Bytes) -> Response {
     (status, [(header::CONTENT_TYPE, "application/json")], body).into_response()
@@ -157,7 +165,7 @@ pub async fn create(
             }
         };
         if status.is_success() {
-            match serde_json::from_slice::<SandboxInfo>(&bytes) {
+            match serde_json::from_slice::<CreatedOn>(&bytes) {
                 Ok(info) => {
                     st.ledger.bind(&res_id, &info.id, &info.node);
                     st.forwarder.watcher().note_placed(idx, memory_mb, cpu);

@@ -13,8 +13,6 @@
 //! 4. **Retries**: the answer is an ordered list of at most `max_attempts` nodes; a node's own
 //!    admission may still refuse (`node_full`), and the next one is tried.
 
-use std::collections::HashSet;
-
 use dsec_wire::api::{CreateSandboxRequest, QosClass};
 use rand::Rng;
 use serde::{Deserialize, Serialize};
@@ -205,36 +203,46 @@ pub fn plan(
             .as_ref()
             .is_some_and(|s| s.labels.get(ok).map(String::as_str) == Some(ov))
     };
-    let primary: Vec<&NodeView> = nodes
-        .iter()
-        .filter(|n| !is_overflow(n))
-        .filter(fits)
-        .collect();
-    let overflow_pool: Vec<&NodeView> = nodes
-        .iter()
-        .filter(|n| is_overflow(n))
-        .filter(fits)
-        .collect();
-    let util = primary_utilisation(nodes, cfg);
+    // One pass over the nodes: the two pools and the primary pool's utilisation (the same
+    // figure as [`primary_utilisation`]).
+    let mut primary: Vec<&NodeView> = Vec::with_capacity(nodes.len());
+    let mut overflow_pool: Vec<&NodeView> = Vec::new();
+    let (mut used_sb, mut cap_sb) = (0u64, 0u64);
+    for n in nodes {
+        let over = is_overflow(n);
+        if !over && n.healthy {
+            if let Some(s) = &n.status {
+                used_sb += s.sandboxes_running + s.sandboxes_paused;
+                cap_sb += s.capacity_sandboxes;
+            }
+        }
+        if fits(&n) {
+            if over {
+                overflow_pool.push(n);
+            } else {
+                primary.push(n);
+            }
+        }
+    }
+    let util = if cap_sb == 0 {
+        0.0
+    } else {
+        used_sb as f64 / cap_sb as f64
+    };
     let eligible = req.overflow_eligible.unwrap_or(false);
     let go_overflow = eligible && util > cfg.overflow_threshold && !overflow_pool.is_empty();
-    let mut out = Vec::new();
-    let mut used = HashSet::new();
-    let pools: Vec<&Vec<&NodeView>> = if go_overflow {
-        vec![&overflow_pool, &primary]
+    // At most `max_attempts` nodes: `out` doubles as the set of nodes already chosen.
+    let mut out: Vec<usize> = Vec::with_capacity(cfg.max_attempts);
+    let pools: [Option<Vec<&NodeView>>; 2] = if go_overflow {
+        [Some(overflow_pool), Some(primary)]
     } else {
-        vec![&primary]
+        [Some(primary), None]
     };
-    for pool in pools {
-        let mut left: Vec<&NodeView> = pool
-            .iter()
-            .copied()
-            .filter(|n| !used.contains(&n.index))
-            .collect();
+    for mut left in pools.into_iter().flatten() {
+        left.retain(|n| !out.contains(&n.index));
         while out.len() < cfg.max_attempts && !left.is_empty() {
             let i = choose(&left, req, cfg, rng);
             let n = left.swap_remove(i);
-            used.insert(n.index);
             out.push(n.index);
         }
     }
@@ -243,7 +251,7 @@ pub fn plan(
         if out.len() >= cfg.max_attempts {
             break;
         }
-        if used.insert(n.index) {
+        if !out.contains(&n.index) {
             out.push(n.index);
         }
     }
@@ -305,6 +313,7 @@ mod tests {
     use crate::config::EdgeEndpoint;
     use dsec_wire::api::NodeStatus;
     use rand::SeedableRng;
+    use std::collections::HashSet;
 
     fn view(i: usize, healthy: bool, running: u64, labels: &[(&str, &str)]) -> NodeView {
         NodeView {

@@ -77,6 +77,8 @@ struct SimSandbox {
     cpu: f64,
     labels: BTreeMap<String, String>,
     created_at: Arc<str>,
+    /// Its idempotency key, so a stop forgets it without scanning every key.
+    idempotency_key: Option<String>,
 }
 
 #[derive(Default)]
@@ -215,6 +217,7 @@ impl SimulatedEdge {
             cpu,
             labels: req.labels.clone(),
             created_at: Arc::from(now_rfc3339().as_str()),
+            idempotency_key: req.idempotency_key.clone(),
         };
         let info = self.info(&id, &s, SandboxState::Running);
         st.memory_mb += memory_mb;
@@ -233,7 +236,11 @@ impl SimulatedEdge {
         let s = st.live.remove(id)?;
         st.memory_mb = st.memory_mb.saturating_sub(s.memory_mb);
         st.cpu = (st.cpu - s.cpu).max(0.0);
-        st.idem.retain(|_, v| v != id);
+        if let Some(k) = &s.idempotency_key {
+            if st.idem.get(k).is_some_and(|v| v == id) {
+                st.idem.remove(k);
+            }
+        }
         Some(self.info(id, &s, SandboxState::Stopped))
     }
 

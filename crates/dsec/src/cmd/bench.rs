@@ -160,6 +160,12 @@ fn pct(sorted: &[f64], p: f64) -> f64 {
     sorted[i.min(sorted.len() - 1)]
 }
 
+/// The part of a create's answer the load generator needs.
+#[derive(serde::Deserialize)]
+struct Created {
+    id: String,
+}
+
 struct Shared {
     lat_ms: Mutex<Vec<f64>>,
     ids: Mutex<Vec<String>>,
@@ -190,6 +196,21 @@ async fn create_load(api: &Api, a: CreateLoadArgs) -> anyhow::Result<()> {
     });
     let sem = Arc::new(tokio::sync::Semaphore::new(a.concurrency));
     let labels: BTreeMap<String, String> = a.labels.iter().cloned().collect();
+    let mut base = serde_json::json!({"image": a.image, "labels": labels});
+    if let Some(m) = a.memory_mb {
+        base["memory_limit_mb"] = m.into();
+    }
+    if let Some(c) = a.cpus {
+        base["cpu_cores_limit"] = c.into();
+    }
+    if let Some(p) = &a.project {
+        base["project"] = p.clone().into();
+    }
+    if a.overflow_eligible {
+        base["overflow_eligible"] = true.into();
+    }
+    let base_bytes = bytes::Bytes::from(serde_json::to_vec(&base).context("encode create body")?);
+    let create_url = format!("{}/v1/sandboxes", api.url);
     let started = Instant::now();
     let mut tasks = tokio::task::JoinSet::new();
     for i in 0..a.total {
@@ -205,43 +226,47 @@ async fn create_load(api: &Api, a: CreateLoadArgs) -> anyhow::Result<()> {
             .acquire_owned()
             .await
             .context("semaphore closed")?;
-        let mut body = serde_json::json!({"image": a.image, "labels": labels});
-        if let Some(m) = a.memory_mb {
-            body["memory_limit_mb"] = m.into();
-        }
-        if let Some(c) = a.cpus {
-            body["cpu_cores_limit"] = c.into();
-        }
-        if let Some(p) = &a.project {
-            body["project"] = p.clone().into();
-        }
-        if a.overflow_eligible {
-            body["overflow_eligible"] = true.into();
-        }
-        if let Some(p) = &a.idempotency_prefix {
-            body["idempotency_key"] = format!("{p}-{i}").into();
-        }
-        let (api, shared, delete) = (api.clone(), shared.clone(), a.delete);
+        // The same body for every create unless each carries its own idempotency key.
+        let body = match &a.idempotency_prefix {
+            Some(p) => {
+                let mut b = base.clone();
+                b["idempotency_key"] = format!("{p}-{i}").into();
+                bytes::Bytes::from(serde_json::to_vec(&b).context("encode create body")?)
+            }
+            None => base_bytes.clone(),
+        };
+        let (api, shared, delete, create_url) =
+            (api.clone(), shared.clone(), a.delete, create_url.clone());
         tasks.spawn(async move {
             let _permit = permit;
             let t = Instant::now();
             let r = api
                 .http
-                .post(format!("{}/v1/sandboxes", api.url))
+                .post(create_url)
                 .bearer_auth(&api.key)
-                .json(&body)
+                .header(reqwest::header::CONTENT_TYPE, "application/json")
+                .body(body)
                 .send()
                 .await;
             let code = match r {
                 Ok(resp) => {
                     let ok = resp.status().is_success();
-                    match resp.json::<serde_json::Value>().await {
-                        Ok(v) if ok => {
+                    // Only the id of a created sandbox is needed: no full JSON tree per answer.
+                    let parsed = resp.bytes().await.ok().and_then(|b| {
+                        if ok {
+                            serde_json::from_slice::<Created>(&b).ok().map(Ok)
+                        } else {
+                            serde_json::from_slice::<serde_json::Value>(&b)
+                                .ok()
+                                .map(Err)
+                        }
+                    });
+                    match parsed {
+                        Some(Ok(Created { id })) => {
                             let ms = t.elapsed().as_secs_f64() * 1e3;
                             if let Ok(mut l) = shared.lat_ms.lock() {
                                 l.push(ms);
                             }
-                            let id = v["id"].as_str().unwrap_or("").to_string();
                             if delete && !id.is_empty() {
                                 let d = api
                                     .http
@@ -258,8 +283,10 @@ async fn create_load(api: &Api, a: CreateLoadArgs) -> anyhow::Result<()> {
                             }
                             None
                         }
-                        Ok(v) => Some(v["error"]["code"].as_str().unwrap_or("unknown").to_string()),
-                        Err(_) => Some("bad_answer".to_string()),
+                        Some(Err(v)) => {
+                            Some(v["error"]["code"].as_str().unwrap_or("unknown").to_string())
+                        }
+                        None => Some("bad_answer".to_string()),
                     }
                 }
                 Err(_) => Some("transport".to_string()),
