@@ -130,8 +130,20 @@ pub fn apply(
                     None => a.weight,
                 });
             }
-            if pid > 1 {
-                out.sched_idle_tasks = sched_idle(pid)?;
+            // The agent, and whatever already runs in the sandbox's cgroup (nothing should:
+            // no user command has run yet; this makes it independent of the agent's start-up).
+            let mut pids: Vec<i32> = cg.as_ref().and_then(|c| c.procs().ok()).unwrap_or_default();
+            pids.push(pid);
+            pids.retain(|p| *p > 1);
+            pids.sort_unstable();
+            pids.dedup();
+            for p in pids {
+                match sched_idle(p) {
+                    Ok(n) => out.sched_idle_tasks += n,
+                    // A process of the sandbox that exited meanwhile (not the agent).
+                    Err(ApplyError::Rlimit { errno, .. }) if errno == "ESRCH" && p != pid => {}
+                    Err(e) => return Err(e),
+                }
             }
         }
         QosClass::LatencySensitive => {
