@@ -5,8 +5,8 @@
 //! 1. **Overcommit ratio** (both classes): the requests of every sandbox (running and starting)
 //!    plus the new one stay within `P × overcommit` (`memory_overcommit`, `cpu_overcommit`).
 //! 2. **Latency-sensitive floor** (LS only): the requests of LS sandboxes plus the new one stay
-//!    within `P × ls_ratio` (`qos.ls_memory_ratio`, default 1.0: LS memory is never
-//!    overcommitted; `qos.ls_cpu_ratio`). LS admission ignores best-effort usage: under
+//!    within `P × ls_ratio` (`qos.ls_memory_ratio`, default 4 like `memory_overcommit`; 1.0
+//!    never overcommits LS memory; `qos.ls_cpu_ratio`). LS admission ignores best-effort usage: under
 //!    pressure best-effort sandboxes are reclaimed and paused, LS ones are protected.
 //! 3. **Real usage** (best-effort only): memory — the LS requests (their guaranteed floor), the
 //!    measured working set of running BE sandboxes, the reservations of starting sandboxes and

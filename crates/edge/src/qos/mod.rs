@@ -26,7 +26,9 @@ pub use caps::Caps;
 pub struct QosConfig {
     /// Class of a sandbox whose create request names none.
     pub default_class: QosClass,
-    /// LS floor: latency-sensitive memory requests stay within physical memory × this.
+    /// LS floor: latency-sensitive memory requests stay within physical memory × this
+    /// (default 4, the default `memory_overcommit`, so that the default class keeps the
+    /// node's density; 1.0 backs every LS request with physical memory).
     pub ls_memory_ratio: f64,
     /// LS floor: latency-sensitive CPU requests stay within the node's cores × this (default
     /// 25, the default `cpu_overcommit`: CPU is compressible and best-effort tasks are
@@ -52,7 +54,7 @@ impl Default for QosConfig {
     fn default() -> Self {
         Self {
             default_class: QosClass::LatencySensitive,
-            ls_memory_ratio: 1.0,
+            ls_memory_ratio: 4.0,
             ls_cpu_ratio: 25.0,
             memory_usage_limit: 0.9,
             cpu_usage_limit: 1.0,
