@@ -367,7 +367,11 @@ mod tests {
 
     #[test]
     fn books_follow_the_lifecycle() {
-        let q = Qos::with_caps(&QosConfig::default(), Caps::default());
+        let strict = QosConfig {
+            ls_memory_ratio: 1.0,
+            ..QosConfig::default()
+        };
+        let q = Qos::with_caps(&strict, Caps::default());
         let edge = EdgeConfig {
             memory_mb_total: Some(2048),
             cpu_cores_total: Some(2.0),
