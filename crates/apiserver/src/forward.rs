@@ -115,6 +115,23 @@ impl Forwarder {
         let resp = self
             .send(edge, method, path_and_query, headers, body, route)
             .await?;
+        // A small answer of known length (most JSON answers: a stop, a get, an error) is read
+        // whole and answered in one piece: hyper then writes head and body in one syscall, and
+        // no stream is set up. Anything longer or of unknown length is streamed as before.
+        if resp.content_length().is_some_and(|n| n <= SMALL_ANSWER) {
+            let (status, headers) = answer_head(&resp);
+            let bytes = resp.bytes().await.map_err(|e| {
+                let node = edge.node_id.clone().unwrap_or_else(|| edge.url.clone());
+                ApiError::NodeUnavailable(format!(
+                    "edge {node}: reading its answer failed: {}",
+                    error_chain(&e)
+                ))
+            })?;
+            let mut out = Response::new(Body::from(bytes));
+            *out.status_mut() = status;
+            *out.headers_mut() = headers;
+            return Ok(out);
+        }
         Ok(into_response(resp))
     }
 
@@ -250,8 +267,11 @@ pub async fn pump_ws(client: WebSocket, edge: EdgeSocket) {
     }
 }
 
-/// Converts an edge answer into ours, streaming the body.
-pub fn into_response(resp: reqwest::Response) -> Response {
+/// Largest edge answer (by its `Content-Length`) read whole instead of streamed.
+const SMALL_ANSWER: u64 = 64 * 1024;
+
+/// Status and passed-on headers of an edge answer.
+fn answer_head(resp: &reqwest::Response) -> (StatusCode, HeaderMap) {
     let status = StatusCode::from_u16(resp.status().as_u16()).unwrap_or(StatusCode::BAD_GATEWAY);
     let mut headers = HeaderMap::new();
     for (name, value) in resp.headers().iter() {
@@ -259,6 +279,12 @@ pub fn into_response(resp: reqwest::Response) -> Response {
             headers.insert(name.clone(), value.clone());
         }
     }
+    (status, headers)
+}
+
+/// Converts an edge answer into ours, streaming the body.
+pub fn into_response(resp: reqwest::Response) -> Response {
+    let (status, headers) = answer_head(&resp);
     let body = Body::from_stream(resp.bytes_stream());
     let mut out = Response::new(body);
     *out.status_mut() = status;
