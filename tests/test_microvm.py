@@ -146,6 +146,8 @@ def test_microvm_pause_snapshot_resume_chain(vm_ok, client, node):
             assert not qemu_pids_for(str(vm_dir))
             snap = vm_dir / "snapshot"
             assert snap.is_file() and snap.stat().st_size > 1_000_000, snap
+            # The snapshot's size is a field of the report (the file on disk).
+            assert rep["snapshot_bytes"] == snap.stat().st_size, (rep, snap.stat().st_size)
             assert client.get_sandbox(sb.id).state == "paused"
             # The writable layer is a file on the host: the counter's file is in it.
             if shutil.which("debugfs"):
@@ -298,6 +300,26 @@ def test_microvm_layers_on_pmem_with_dax_and_balloon(vm_ok, client, debian, node
         assert "overlay" in mounts
         # Python from the DAX-mapped layers works.
         assert sh(sb, "python3 -c 'import json; print(json.dumps([1]))'").strip() == "[1]"
+    finally:
+        stop_quietly(sb)
+
+
+def test_microvm_disk_limit_sizes_the_writable_disk(vm_ok, client, node):
+    """disk_limit_mb is the size of the VM's writable disk: writing past it fails with ENOSPC
+    inside the guest (not an I/O error of the host file) and the VM stays usable."""
+    sb = client.run_microvm(DSecMicroVMRunArgs(container_image="busybox", disk_limit_mb=64), timeout=300)
+    try:
+        img = Path(node.sandbox_dir(sb.id)) / "vm" / "upper.img"
+        assert img.stat().st_size == 64 << 20, img.stat().st_size
+        r = sb.run_shell("dd if=/dev/zero of=/root/big bs=1M count=100 2>&1; echo rc=$?", timeout=120)
+        assert "No space left on device" in r.stdout, r.stdout
+        assert "rc=0" not in r.stdout, r.stdout
+        written = int(sh(sb, "stat -c %s /root/big").strip())
+        assert 0 < written < 64 << 20, written
+        # Still usable: free the space, write a file, read it back.
+        sh(sb, "rm /root/big && echo still-here > /root/after && sync")
+        assert sh(sb, "cat /root/after").strip() == "still-here"
+        assert sb.run_shell("dmesg | grep -ci 'I/O error' || true").stdout.strip() in ("", "0")
     finally:
         stop_quietly(sb)
 

@@ -115,12 +115,12 @@ impl Edge {
         .with_reattach_grace(config.reattach_grace_ms);
         let fn_substrate = substrate.clone().with_reattach_grace(0);
         let vm_aether = substrate.config().aether_path.clone();
-        let mut edge =
-            Self::start_with_driver(config, Arc::new(ContainerDriver::new(substrate))).await?;
-        let blob_store = edge.manager.image_store().blob_store();
-        edge.manager
-            .set_microvm_driver(microvm::driver(vm_aether, &blob_store));
-        edge.manager.set_fullvm_driver(fullvm::driver());
+        let mut edge = Self::start_inner(
+            config,
+            Arc::new(ContainerDriver::new(substrate)),
+            Some(vm_aether),
+        )
+        .await?;
         edge.reclaim = reclaim::Reclaim::start(&edge.manager).await;
         if edge.cfg.functions.enabled {
             edge.functions = Some(function::Functions::start(
@@ -139,6 +139,17 @@ impl Edge {
     pub async fn start_with_driver(
         config: EdgeConfig,
         driver: Arc<dyn Driver>,
+    ) -> Result<Edge, StartEdgeError> {
+        Self::start_inner(config, driver, None).await
+    }
+
+    /// [`Edge::start_with_driver`], plus the microVM and full-VM drivers when `vm_aether` (the
+    /// aether binary the guests run) is given: they are set before [`Manager::recover`] runs,
+    /// so paused VMs are re-adopted by their own driver.
+    async fn start_inner(
+        config: EdgeConfig,
+        driver: Arc<dyn Driver>,
+        vm_aether: Option<PathBuf>,
     ) -> Result<Edge, StartEdgeError> {
         config.validate()?;
         for dir in [
@@ -162,6 +173,10 @@ impl Edge {
         let cfg = Arc::new(config);
         let metrics = Arc::new(Metrics::new(&cfg.node_id));
         let manager = Arc::new(Manager::new(cfg.clone(), driver, images.clone(), metrics));
+        if let Some(aether) = vm_aether {
+            manager.set_microvm_driver(microvm::driver(aether, &images.blob_store()));
+            manager.set_fullvm_driver(fullvm::driver());
+        }
         // Stale host mounts first: re-adopted sandboxes re-take fresh leases (their own overlays
         // keep private references to the layers they were built on).
         images.cleanup_stale_mounts()?;

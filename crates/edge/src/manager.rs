@@ -515,16 +515,6 @@ impl Manager {
         };
         let mut reaped = Vec::new();
         let mut adopted = Vec::new();
-        // Paused microVMs are adopted by the microVM driver, which the edge sets up after this
-        // runs: set it up now when there is one to adopt.
-        let has_vm = found
-            .iter()
-            .any(|f| matches!(&f.record, Ok(r) if r.info.substrate == Substrate::Microvm));
-        if has_vm && self.microvm.get().is_none() {
-            if let Ok(aether) = self.cfg.resolve_aether_path() {
-                self.set_microvm_driver(crate::microvm::driver(aether, &self.images.blob_store()));
-            }
-        }
         for f in found {
             let why = match &f.record {
                 Ok(rec)
@@ -885,6 +875,9 @@ impl Manager {
             env: req.env.clone(),
             netns: extras.netns.clone(),
             protected_paths: req.protected_paths.clone(),
+            disk_limit_mb: req
+                .disk_limit_mb
+                .or((self.cfg.default_disk_limit_mb > 0).then_some(self.cfg.default_disk_limit_mb)),
         };
         let sandbox = match driver.create(spec).await {
             Ok(s) => s,

@@ -27,6 +27,10 @@ pub struct SandboxSpec {
     pub netns: Option<std::sync::Arc<std::os::fd::OwnedFd>>,
     /// Paths inside the sandbox kept read-only even to root (Landlock).
     pub protected_paths: Vec<String>,
+    /// Size limit of the sandbox's writable layer in MiB when the request set one (or the
+    /// edge has a default). Containers get it from the edge's loop-mounted file system
+    /// (`dsec_edge::disk`); a microVM sizes its writable disk (`upper.img`) with it.
+    pub disk_limit_mb: Option<u64>,
 }
 
 /// Resource usage of a running sandbox.

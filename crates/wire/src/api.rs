@@ -223,6 +223,10 @@ pub struct PauseReport {
     pub method: String,
     /// Wall time of the whole pause (freeze + reclaim) in milliseconds.
     pub pause_ms: f64,
+    /// Size of the memory + device snapshot written to disk (microVMs and full VMs); `None`
+    /// for containers, whose memory stays in the (frozen) processes.
+    #[serde(default)]
+    pub snapshot_bytes: Option<u64>,
 }
 
 /// Body of `POST /v1/jobs/{pause,resume,stop}`: every sandbox whose labels include all of

@@ -143,7 +143,8 @@ class SandboxInfo:
     paused_at: Optional[str] = None
     #: Memory report of the last pause: ``memory_before_bytes``, ``memory_after_bytes``,
     #: ``page_cache_before_bytes``, ``page_cache_after_bytes``, ``anon_before_bytes``,
-    #: ``anon_after_bytes``, ``method``, ``pause_ms``.
+    #: ``anon_after_bytes``, ``method``, ``pause_ms``, ``snapshot_bytes`` (VMs: size of the
+    #: memory + device snapshot on disk; ``None`` for containers).
     last_pause: Optional[Dict[str, Any]] = None
     #: QoS class the sandbox runs in (``latency_sensitive`` or ``best_effort``).
     qos: str = "latency_sensitive"

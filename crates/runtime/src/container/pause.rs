@@ -137,6 +137,7 @@ pub fn pause_cgroup(
         anon_after_bytes: after.anon,
         method,
         pause_ms: started.elapsed().as_secs_f64() * 1000.0,
+        snapshot_bytes: None,
     })
 }
 

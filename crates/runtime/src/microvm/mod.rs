@@ -506,7 +506,9 @@ impl MicroVmSubstrate {
             }
         }
         let upper = vm_dir.join(UPPER_DISK);
-        make_upper_disk(&upper, self.config.disk_mb)
+        // The request's disk limit, else the node's default size (sparse either way).
+        let disk_mb = spec.disk_limit_mb.unwrap_or(self.config.disk_mb).max(16);
+        make_upper_disk(&upper, disk_mb)
             .await
             .map_err(|e| CreateSandboxError::Setup(format!("create the writable disk: {e}")))?;
         let sock = vm_dir.join("aether.sock");

@@ -408,6 +408,7 @@ impl Vm {
                         self.snapshot_path().display()
                     ),
                     pause_ms: started.elapsed().as_secs_f64() * 1000.0,
+                    snapshot_bytes: Some(snap_bytes),
                 })
             }
             Err((proc, e)) => {
