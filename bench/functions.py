@@ -10,11 +10,19 @@ toolkit layer with g++: see tests/test_functions.py::_gxx_toolkit). Cases, in on
 - cold baseline 1: a fresh `bwrap --unshare-all` + `python3 -c` per call (local, no HTTP);
 - cold baseline 2: a fresh container sandbox per call via create / run_shell / stop (HTTP).
 Each cold baseline reports serial latency and calls/s with `--conc` at once, like the warm case.
+
+With `--dsec-pid PID --node-id ID` (the `dsec up` process on this machine, its node id; run no
+other sandboxes on that node meanwhile) the warm python runs also report
+CPU time per call, split into the client (this process), dsec (apiserver + edge) and the
+workers (every process of the function workers' pids cgroups, with their reaped children):
+less sensitive to other load than wall time.
 """
 
 import argparse
 import asyncio
+import glob
 import os
+import resource
 import shutil
 import subprocess
 import time
@@ -25,6 +33,32 @@ from dsec import DSecClient, DSecContainerRunArgs
 
 PY = "print(sum(range(100)))"
 CPP = "#include <iostream>\nint main(){long s=0;for(int i=0;i<100;i++)s+=i;std::cout<<s<<std::endl;}"
+
+
+TCK = os.sysconf("SC_CLK_TCK")
+
+
+def _proc_cpu(stat_path, children=False):
+    try:
+        f = open(stat_path).read().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0
+    return sum(int(v) for v in f[11:15 if children else 13])
+
+
+def cpu_now(dsec_pid, node_id):
+    """(client, dsec, workers) CPU seconds so far."""
+    r = resource.getrusage(resource.RUSAGE_SELF)
+    dsec = sum(_proc_cpu(t) for t in glob.glob(f"/proc/{dsec_pid}/task/*/stat"))
+    workers = 0
+    for procs in glob.glob(f"/sys/fs/cgroup/pids/dsec/{node_id}/**/cgroup.procs", recursive=True):
+        for pid in open(procs).read().split():
+            workers += _proc_cpu(f"/proc/{pid}/stat", children=True)
+    return r.ru_utime + r.ru_stime, dsec / TCK, workers / TCK
+
+
+def cpu_per_call(before, after, n):
+    return {k: round((b - a) / n * 1000, 3) for k, a, b in zip(("client", "dsec", "workers"), before, after)}
 
 
 async def latency(c, n, keep=None, **body):
@@ -109,22 +143,35 @@ async def main():
     ap.add_argument("--conc", type=int, default=8)
     ap.add_argument("--cold-n", type=int, default=30)
     ap.add_argument("--toolkit", default="gxx")
+    ap.add_argument("--dsec-pid", type=int, default=0, help="report CPU per call (see above)")
+    ap.add_argument("--node-id", default="", help="with --dsec-pid: the node id of that dsec up")
     a = ap.parse_args()
     async with DSecClient() as c:
         await latency(c, 20, language="python", code=PY)  # warm the pool
+        # ... and grow it to max_workers, as a batch workload leaves it (pools shrink only after
+        # idle_shrink_s): a sequential caller then gets an idle worker while the one it used
+        # last is still cleaning up after its answer.
+        await throughput(c, a.conc * 10, a.conc, language="python", code=PY)
         rows, data = [], {}
         warm_res = []
+        cpu0 = cpu_now(a.dsec_pid, a.node_id) if a.dsec_pid else None
         warm = await latency(c, a.n, language="python", code=PY, keep=warm_res)
+        if cpu0:
+            data["cpu_ms_per_call_sequential"] = cpu_per_call(cpu0, cpu_now(a.dsec_pid, a.node_id), a.n)
         rows.append(summary("warm python, sequential (HTTP end to end)", warm))
-        # where the time goes: the worker's own fork+run, and the HTTP round trip alone
-        rows.append(summary("  of which: the forked run in the worker", [r.wall_ms for r in warm_res]))
+        # where the time goes: the run in the worker (wall_ms: from handing the run to its
+        # (pre-forked) child to reaping it), and the HTTP round trip alone
+        rows.append(summary("  of which: the run in the worker", [r.wall_ms for r in warm_res]))
         floor = []
         for _ in range(a.n):
             t = time.perf_counter()
             await c.function_pools()
             floor.append((time.perf_counter() - t) * 1000)
         rows.append(summary("  HTTP floor: GET /v1/functions/pools", floor))
+        cpu0 = cpu_now(a.dsec_pid, a.node_id) if a.dsec_pid else None
         rate, lat = await throughput(c, a.n * 4, a.conc, language="python", code=PY)
+        if cpu0:
+            data["cpu_ms_per_call_concurrent"] = cpu_per_call(cpu0, cpu_now(a.dsec_pid, a.node_id), a.n * 4)
         rows.append(summary(f"warm python, {a.conc} concurrent", lat))
         data["warm_python_calls_per_s"] = round(rate, 1)
         cpp = None

@@ -10,7 +10,12 @@
 # (CPU, file size = output limit, core 0), oom_score_adj 1000, stdout/stderr into memfds.
 # After every run everything except this server and PID 1 is SIGKILLed (kill(-1) with CAP_KILL)
 # and reaped (the server is a child subreaper); after every call the scratch dir and the
-# world-writable dirs are wiped.
+# world-writable dirs are wiped. With `early` (on an `end` request) the answer goes out right
+# after the last run, before that run's kill-and-reap and the wipe; a second frame then confirms
+# the cleanup, and the edge lends the worker to no other call before it has read it. After a
+# clean cleanup the server also forks the next call's child ahead of time (the "spare": it
+# waits, still root and running no call code, for its run on a pipe, and reports its pid so the
+# edge does not count it as a leftover); the fork is then off the next call's critical path.
 import base64, ctypes, gc, json, os, select, signal, socket, struct, sys, time, traceback, resource
 import collections, itertools, functools, heapq, bisect, math, random, re, string, fractions
 import decimal, statistics, typing, dataclasses, operator, copy, io, array, enum, datetime
@@ -70,8 +75,65 @@ def survivors():
     return out
 
 
+SPARE = None  # (pid, job pipe write end, (stdin, stdout, stderr memfds)) or None
+
+
+def fork_spare():
+    """Forks the next run's child ahead of time; it waits for its job (JSON) on a pipe."""
+    global SPARE
+    fds = (os.memfd_create("stdin"), os.memfd_create("stdout"), os.memfd_create("stderr"))
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        try:
+            os.close(w)
+            buf = bytearray()
+            while True:
+                chunk = os.read(r, 65536)
+                if not chunk:
+                    break
+                buf += chunk
+            job = json.loads(buf) if buf else None
+        except BaseException:
+            os._exit(127)
+        if job is None:
+            os._exit(0)
+        child(job["run"], job["env"], fds[0], fds[1], fds[2], job["scratch"], job["cpu_ms"], job["fsize"])
+    os.close(r)
+    SPARE = (pid, w, fds)
+    return pid
+
+
+def take_spare():
+    """The spare if it is still waiting (else None; a dead one is reaped)."""
+    global SPARE
+    spare, SPARE = SPARE, None
+    if spare is None:
+        return None
+    pid, w, fds = spare
+    try:
+        done, _ = os.waitpid(pid, os.WNOHANG)
+    except ChildProcessError:
+        done = pid
+    if done == 0:
+        return spare
+    for fd in (w,) + fds:
+        os.close(fd)
+    return None
+
+
+def drop_spare():
+    global SPARE
+    if SPARE is not None:
+        _, w, fds = SPARE
+        SPARE = None
+        for fd in (w,) + fds:
+            os.close(fd)
+
+
 def kill_everything():
     """SIGKILLs every process of the container but PID 1 and this one, reaps, until none."""
+    drop_spare()
     me = os.getpid()
     for _ in range(2000):
         try:
@@ -189,17 +251,42 @@ def read_fd(fd, limit):
     return data, size
 
 
-def run_once(step, env, scratch):
+def run_once(step, env, scratch, kill=True):
     timeout_ms, cpu_ms, fsize, keep = step["timeout_ms"], step["cpu_ms"], step["fsize"], step["keep"]
-    stdin_fd = os.memfd_create("stdin")
-    os.write(stdin_fd, base64.b64decode(step["stdin"]))
-    os.lseek(stdin_fd, 0, 0)
-    out_fd = os.memfd_create("stdout")
-    err_fd = os.memfd_create("stderr")
-    started = time.monotonic()
-    pid = os.fork()
-    if pid == 0:
-        child(step["run"], env, stdin_fd, out_fd, err_fd, scratch, cpu_ms, fsize)
+    spare = take_spare()
+    pid = None
+    if spare is not None:
+        pid, job_w, (stdin_fd, out_fd, err_fd) = spare
+        os.write(stdin_fd, base64.b64decode(step["stdin"]))
+        os.lseek(stdin_fd, 0, 0)
+        job = json.dumps({"run": step["run"], "env": env, "scratch": scratch, "cpu_ms": cpu_ms, "fsize": fsize}).encode()
+        started = time.monotonic()
+        try:
+            view = memoryview(job)
+            while view:
+                view = view[os.write(job_w, view):]
+        except OSError:
+            # The spare died meanwhile: fork as usual.
+            for fd in (stdin_fd, out_fd, err_fd):
+                os.close(fd)
+            try:
+                os.kill(pid, signal.SIGKILL)
+                os.waitpid(pid, 0)
+            except OSError:
+                pass
+            pid = None
+        finally:
+            os.close(job_w)
+    if pid is None:
+        stdin_fd = os.memfd_create("stdin")
+        os.write(stdin_fd, base64.b64decode(step["stdin"]))
+        os.lseek(stdin_fd, 0, 0)
+        out_fd = os.memfd_create("stdout")
+        err_fd = os.memfd_create("stderr")
+        started = time.monotonic()
+        pid = os.fork()
+        if pid == 0:
+            child(step["run"], env, stdin_fd, out_fd, err_fd, scratch, cpu_ms, fsize)
     os.close(stdin_fd)
     timed_out = False
     pfd = os.pidfd_open(pid)
@@ -213,7 +300,7 @@ def run_once(step, env, scratch):
     _, status, ru = os.wait4(pid, 0)
     wall_ms = (time.monotonic() - started) * 1000.0
     cpu = (ru.ru_utime + ru.ru_stime) * 1000.0
-    clean = kill_everything()
+    clean = kill_everything() if kill else True
     out, out_size = read_fd(out_fd, keep)
     err, err_size = read_fd(err_fd, keep)
     os.close(out_fd)
@@ -235,11 +322,18 @@ def run_once(step, env, scratch):
     }, clean
 
 
+def make_scratch(seq):
+    path = os.path.join(SCRATCH_ROOT, "c%d" % seq)
+    os.mkdir(path, 0o700)
+    os.chown(path, NOBODY, NOBODY)
+    return path
+
+
 class Call:
-    def __init__(self, seq, begin):
-        self.scratch = os.path.join(SCRATCH_ROOT, "c%d" % seq)
-        os.mkdir(self.scratch, 0o700)
-        os.chown(self.scratch, NOBODY, NOBODY)
+    def __init__(self, seq, begin, scratch=None):
+        # A fresh dir: made now, or by the previous call's cleanup once nothing of that call
+        # was left (see `serve`).
+        self.scratch = scratch or make_scratch(seq)
         self.env = {
             "PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
             "HOME": self.scratch,
@@ -274,7 +368,7 @@ class Call:
         return not os.path.exists(self.scratch)
 
 
-def serve(req, state, seq):
+def serve(req, state, seq, conn):
     clean = True
     results = []
     if req.get("reap"):
@@ -282,6 +376,7 @@ def serve(req, state, seq):
         if state.get("call") is not None:
             state["call"].finish()
             state["call"] = None
+        state["spare"] = None
         clean = kill_everything()
         wipe(SCRATCH_ROOT)
         for d in WIPE:
@@ -291,20 +386,41 @@ def serve(req, state, seq):
     if req.get("begin") is not None:
         if state.get("call") is not None:
             state["call"].finish()
-        state["call"] = Call(seq, req["begin"])
+        spare, state["spare"] = state.get("spare"), None
+        state["call"] = Call(seq, req["begin"], spare)
     call = state.get("call")
     if call is None:
         return {"error": "no call begun", "clean": False}
-    for step in req.get("steps", []):
-        res, ok = run_once(step, call.env, call.scratch)
+    steps = req.get("steps", [])
+    early = bool(req.get("early")) and bool(req.get("end"))
+    for i, step in enumerate(steps):
+        # With `early`, the last run's leftovers are killed after the answer has gone out.
+        res, ok = run_once(step, call.env, call.scratch, kill=not (early and i == len(steps) - 1))
         clean = clean and ok
         results.append(res)
         failed = res["exit"] != 0 or res["signal"] is not None or res["timed_out"]
         if failed and req.get("stop_on_fail"):
             break
+    if early:
+        # The answer now; the cleanup's outcome in a second frame.
+        send_msg(conn, {"results": results, "clean": clean, "pending": True})
+        clean = kill_everything() and clean
     if req.get("end"):
         clean = call.finish() and clean
         state["call"] = None
+    if early:
+        if clean:
+            # The next call's scratch dir, made while nothing else runs here. (A worker whose
+            # cleanup was not clean gets a reap, which drops it.)
+            try:
+                state["spare"] = make_scratch(seq + 1000000000)
+            except OSError:
+                state["spare"] = None
+            try:
+                return {"results": [], "clean": True, "survivors": [], "spare": fork_spare()}
+            except OSError:
+                pass
+        return {"results": [], "clean": clean, "survivors": [] if clean else survivors()}
     return {"results": results, "clean": clean, "survivors": [] if clean else survivors()}
 
 
@@ -337,7 +453,7 @@ def main():
             return
         seq += 1
         try:
-            answer = serve(req, state, seq)
+            answer = serve(req, state, seq, conn)
         except Exception:
             answer = {"error": traceback.format_exc(), "clean": False}
         send_msg(conn, answer)

@@ -244,11 +244,22 @@ impl Functions {
         let started = Instant::now();
         let out = run_call(&mut lent.worker, &prepared, &req).await;
         lent.worker.calls += 1;
-        let healthy = out.healthy;
         let mut result = out.result;
         result.worker = lent.worker.id.clone();
         result.queue_ms = lent.queue_ms;
-        pool.release(lent, healthy, started.elapsed());
+        match out.health {
+            Health::Known(healthy) => pool.release(lent, healthy, started.elapsed()),
+            // The answer goes out now; the worker goes back to the pool (or is replaced) once
+            // its server has confirmed the cleanup. Its slot stays taken until then, and a
+            // spawned task cannot be cancelled by a client that hangs up.
+            Health::Pending => {
+                pool.settling();
+                tokio::spawn(async move {
+                    let healthy = finish_pending(&mut lent.worker, CLEANUP_MARGIN).await;
+                    pool.release_settled(lent, healthy, started.elapsed());
+                });
+            }
+        }
         Ok(result)
     }
 
@@ -420,8 +431,19 @@ struct Prepared {
 
 struct CallOutcome {
     result: FunctionCallResult,
-    healthy: bool,
+    health: Health,
 }
+
+/// Whether a worker may serve another call after this one.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Health {
+    Known(bool),
+    /// Its server answered early: read the cleanup's answer first ([`finish_pending`]).
+    Pending,
+}
+
+/// How long the server's cleanup (and a sweep) may take.
+const CLEANUP_MARGIN: Duration = Duration::from_secs(10);
 
 fn run_result(r: &StepResult, status: FunctionStatus, peak: u64) -> RunResult {
     let text = |b: &str| {
@@ -451,14 +473,14 @@ fn sandbox_error(message: String) -> RunResult {
 
 /// Runs a prepared call on a worker: begin (+ compile), then the runs, then end.
 async fn run_call(w: &mut worker::Worker, p: &Prepared, req: &FunctionCallRequest) -> CallOutcome {
-    let margin = Duration::from_secs(10);
+    let margin = CLEANUP_MARGIN;
     let broken = |msg: String| CallOutcome {
         result: FunctionCallResult {
             run: sandbox_error(msg),
             verdict: req.test_cases.as_ref().map(|_| Verdict::SandboxError),
             ..Default::default()
         },
-        healthy: false,
+        health: Health::Known(false),
     };
     let begin = Some(Begin {
         files: p.files.clone(),
@@ -468,7 +490,6 @@ async fn run_call(w: &mut worker::Worker, p: &Prepared, req: &FunctionCallReques
     let mut begun = begin;
     if let Some(argv) = &p.plan.compile {
         let base = w.arm(p.memory_mb.max(w_cap_mb(w)), 0);
-        let oom0 = w.oom_kills();
         let step = Step {
             run: worker::RunSpec::Exec { argv: argv.clone() },
             stdin: String::new(),
@@ -483,11 +504,12 @@ async fn run_call(w: &mut worker::Worker, p: &Prepared, req: &FunctionCallReques
             stop_on_fail: true,
             end: false,
             reap: false,
+            early: false,
         };
         let ans = w
             .exchange(&req_c, Duration::from_millis(p.compile_ms) + margin)
             .await;
-        let mem = w.disarm(base, oom0);
+        let mem = w.disarm(base);
         let ans = match ans {
             Ok(a) => a,
             Err(e) => return broken(e),
@@ -518,7 +540,7 @@ async fn run_call(w: &mut worker::Worker, p: &Prepared, req: &FunctionCallReques
                     verdict,
                     ..Default::default()
                 },
-                healthy,
+                health: Health::Known(healthy),
             };
         }
         compile_result = Some(rr);
@@ -545,13 +567,13 @@ async fn run_call(w: &mut worker::Worker, p: &Prepared, req: &FunctionCallReques
         stop_on_fail: false,
         end: true,
         reap: false,
+        early: true,
     };
     let base = w.arm(p.memory_mb, p.pids);
-    let oom0 = w.oom_kills();
     let ans = w
         .exchange(&run_req, Duration::from_millis(p.timeout_ms) * n + margin)
         .await;
-    let mem = w.disarm(base, oom0);
+    let mem = w.disarm(base);
     let ans = match ans {
         Ok(a) => a,
         Err(e) => return broken(e),
@@ -569,8 +591,13 @@ async fn run_call(w: &mut worker::Worker, p: &Prepared, req: &FunctionCallReques
     if !ans.clean {
         tracing::debug!(worker = %w.id, survivors = ?ans.survivors, "function call left processes behind");
     }
-    // The fork-server must be the only process left in the worker's user cgroup.
-    let healthy = settle(w, ans.clean, margin).await;
+    // The fork-server must be the only process left in the worker's user cgroup (checked
+    // after its cleanup when it answered early).
+    let health = if ans.pending {
+        Health::Pending
+    } else {
+        Health::Known(settle(w, ans.clean, margin).await)
+    };
     let oom = verdict::hit_memory_limit(&mem);
     let runs: Vec<RunResult> = ans
         .results
@@ -610,8 +637,32 @@ async fn run_call(w: &mut worker::Worker, p: &Prepared, req: &FunctionCallReques
             verdict,
             ..Default::default()
         },
-        healthy,
+        health,
     }
+}
+
+/// After an early answer: reads the server's cleanup answer, then settles the worker like any
+/// call. Whether the worker may serve another call.
+async fn finish_pending(w: &mut worker::Worker, margin: Duration) -> bool {
+    let clean = match w.read_answer(margin).await {
+        Ok(a) if a.error.is_none() => {
+            if !a.clean {
+                tracing::debug!(worker = %w.id, survivors = ?a.survivors, "function call left processes behind");
+            }
+            a.clean
+        }
+        Ok(a) => {
+            tracing::warn!(worker = %w.id, error = ?a.error, "function worker: cleanup failed");
+            return false;
+        }
+        Err(e) => {
+            tracing::warn!(worker = %w.id, error = %e, "function worker: no cleanup answer");
+            return false;
+        }
+    };
+    let healthy = settle(w, clean, margin).await;
+    w.refresh_oom();
+    healthy
 }
 
 /// After a call: the worker is reusable when its server reported it clean and nothing but the

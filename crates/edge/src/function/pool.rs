@@ -5,6 +5,12 @@
 //! broke it (or after `recycle_after` calls). The service's background task keeps `min` workers
 //! while the pool is in use and destroys every idle worker once the pool has been idle for
 //! `idle_shrink_s` (shrink to zero).
+//!
+//! A call answered before its worker's cleanup (see `ServerRequest::early`) keeps the worker
+//! "settling" until the cleanup is confirmed. A new call takes an idle worker if there is one;
+//! else it waits briefly for a settling worker rather than start a container for a worker that
+//! is about to come back. (So a pool of one worker serves a sequential client on that worker,
+//! and a pool of several lets one worker clean up while another serves the next call.)
 
 use std::collections::BTreeSet;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -12,7 +18,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use dsec_wire::api::FunctionPoolInfo;
-use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+use tokio::sync::{Notify, OwnedSemaphorePermit, Semaphore};
 
 use super::admission::{self, Admission};
 use super::worker::{Worker, WorkerFactory};
@@ -22,6 +28,8 @@ use super::{FunctionConfig, FunctionError, PoolKey};
 struct State {
     idle: Vec<Worker>,
     busy: usize,
+    /// Of `busy`: calls answered whose worker is still being cleaned.
+    settling: usize,
     starting: usize,
     ids: BTreeSet<String>,
     last_used: Option<Instant>,
@@ -40,7 +48,12 @@ pub struct Pool {
     destroyed: AtomicU64,
     /// Exponential moving average of call time in µs, for the retry hint.
     avg_us: AtomicU64,
+    /// Woken whenever a worker comes back (or is given up).
+    returned: Notify,
 }
+
+/// Longest a call waits for a settling worker before it takes another (or starts one).
+const SETTLE_WAIT: Duration = Duration::from_millis(20);
 
 /// A worker lent to one call; give it back with [`Pool::release`].
 pub struct Lent {
@@ -66,6 +79,7 @@ impl Pool {
             created: AtomicU64::new(0),
             destroyed: AtomicU64::new(0),
             avg_us: AtomicU64::new(0),
+            returned: Notify::new(),
         })
     }
 
@@ -88,16 +102,27 @@ impl Pool {
                 FunctionError::Unavailable("the function pool is shutting down".into())
             })?;
         drop(ticket);
-        let taken = {
-            let mut st = lock(&self.state);
-            if st.closed {
-                return Err(FunctionError::Unavailable(
-                    "the function pool is shutting down".into(),
-                ));
+        let wait_until = tokio::time::Instant::now() + SETTLE_WAIT;
+        let taken = loop {
+            // Created before the state is looked at: a worker returned after the look wakes it.
+            let returned = self.returned.notified();
+            {
+                let mut st = lock(&self.state);
+                if st.closed {
+                    return Err(FunctionError::Unavailable(
+                        "the function pool is shutting down".into(),
+                    ));
+                }
+                if !st.idle.is_empty()
+                    || st.settling == 0
+                    || tokio::time::Instant::now() >= wait_until
+                {
+                    st.last_used = Some(Instant::now());
+                    st.busy += 1;
+                    break st.idle.pop();
+                }
             }
-            st.last_used = Some(Instant::now());
-            st.busy += 1;
-            st.idle.pop()
+            let _ = tokio::time::timeout_at(wait_until, returned).await;
         };
         let worker = match taken {
             Some(w) => w,
@@ -129,6 +154,21 @@ impl Pool {
         made
     }
 
+    /// Marks a lent worker as settling: its call is answered, its cleanup is running; give it
+    /// back with [`Pool::release_settled`].
+    pub fn settling(&self) {
+        lock(&self.state).settling += 1;
+    }
+
+    /// [`Pool::release`] of a worker marked with [`Pool::settling`].
+    pub fn release_settled(self: &Arc<Self>, lent: Lent, healthy: bool, took: Duration) {
+        {
+            let mut st = lock(&self.state);
+            st.settling = st.settling.saturating_sub(1);
+        }
+        self.release(lent, healthy, took);
+    }
+
     /// Gives a worker back: to the idle list when `healthy`, else it is destroyed.
     pub fn release(self: &Arc<Self>, lent: Lent, healthy: bool, took: Duration) {
         self.calls.fetch_add(1, Ordering::Relaxed);
@@ -147,8 +187,11 @@ impl Pool {
         st.last_used = Some(Instant::now());
         if healthy && !recycle && !st.closed && worker.alive() {
             st.idle.push(worker);
+            drop(st);
+            self.returned.notify_waiters();
         } else {
             drop(st);
+            self.returned.notify_waiters();
             if !healthy {
                 tracing::warn!(worker = %worker.id, pool = %self.key, "function worker broken by a call; replacing it");
             }

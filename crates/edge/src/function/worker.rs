@@ -76,6 +76,10 @@ pub struct ServerRequest {
     /// Only kill and reap whatever is left (after the edge swept the worker's cgroup).
     #[serde(skip_serializing_if = "std::ops::Not::not")]
     pub reap: bool,
+    /// With `end`: answer right after the last run, then kill, reap and wipe, and confirm that
+    /// in a second answer (read it with [`Worker::read_answer`] before lending the worker again).
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub early: bool,
 }
 
 #[derive(Debug, Clone, Serialize, Default)]
@@ -112,6 +116,13 @@ pub struct ServerAnswer {
     /// Processes the server could not get rid of (diagnostics).
     #[serde(default)]
     pub survivors: Vec<String>,
+    /// An `early` answer: the cleanup's own answer follows.
+    #[serde(default)]
+    pub pending: bool,
+    /// Pid (in the worker's pid namespace) of the child the server forked ahead for the next
+    /// run; it runs no call code yet and is not a leftover.
+    #[serde(default)]
+    pub spare: Option<i32>,
 }
 
 /// Memory measured around one exchange.
@@ -145,9 +156,16 @@ pub struct Worker {
     /// Host pid of the fork-server (the one process a clean worker's user cgroup holds).
     server_pid: Option<i32>,
     mem: MemFiles,
-    /// Memory cap of the worker (bytes), restored after each call.
+    /// Memory cap of the worker (bytes): the most a call may set.
     cap_bytes: u64,
     pids_cap: u64,
+    /// What the limit files hold (written by us), so unchanged values are not rewritten.
+    cur_limit: Option<u64>,
+    cur_pids: Option<u64>,
+    /// The cgroup's OOM-kill counter as last read (before the next call).
+    oom_seen: u64,
+    /// The server's spare child (pid in the worker's namespace), per its last answer.
+    spare_ns: Option<i32>,
     pub calls: u64,
     pub created: Instant,
 }
@@ -176,6 +194,7 @@ impl WorkerFactory {
             env: BTreeMap::new(),
             netns: None,
             protected_paths: Vec::new(),
+            disk_limit_mb: None,
         };
         let sandbox = match self.substrate.create(spec).await {
             Ok(s) => s,
@@ -192,6 +211,7 @@ impl WorkerFactory {
                 let server_pid = user_pids(&sandbox)
                     .into_iter()
                     .find(|p| *p != sandbox.pid());
+                let oom_seen = sandbox.cgroup().oom_kills().unwrap_or(0);
                 Ok(Worker {
                     id,
                     key: key.clone(),
@@ -205,6 +225,10 @@ impl WorkerFactory {
                     mem,
                     cap_bytes: self.cfg.worker_memory_mb * 1024 * 1024,
                     pids_cap: self.cfg.worker_pids,
+                    cur_limit: None,
+                    cur_pids: None,
+                    oom_seen,
+                    spare_ns: None,
                     calls: 0,
                     created: Instant::now(),
                 })
@@ -297,32 +321,17 @@ impl Worker {
         req: &ServerRequest,
         deadline: Duration,
     ) -> Result<ServerAnswer, String> {
-        let body = serde_json::to_vec(req).map_err(|e| format!("encode request: {e}"))?;
-        let len = u32::try_from(body.len()).map_err(|_| "request too large".to_string())?;
+        let mut frame = Vec::with_capacity(512);
+        frame.extend_from_slice(&[0u8; 4]);
+        serde_json::to_writer(&mut frame, req).map_err(|e| format!("encode request: {e}"))?;
+        let len = u32::try_from(frame.len() - 4).map_err(|_| "request too large".to_string())?;
+        frame[..4].copy_from_slice(&len.to_be_bytes());
         let fut = async {
-            let mut frame = Vec::with_capacity(4 + body.len());
-            frame.extend_from_slice(&len.to_be_bytes());
-            frame.extend_from_slice(&body);
             self.conn
                 .write_all(&frame)
                 .await
                 .map_err(|e| format!("send to the fork-server: {e}"))?;
-            let mut prefix = [0u8; 4];
-            self.conn
-                .read_exact(&mut prefix)
-                .await
-                .map_err(|e| format!("the fork-server did not answer: {e}"))?;
-            let n = u32::from_be_bytes(prefix) as usize;
-            if n > MAX_ANSWER {
-                return Err(format!("answer of {n} bytes is too large"));
-            }
-            let mut buf = vec![0u8; n];
-            self.conn
-                .read_exact(&mut buf)
-                .await
-                .map_err(|e| format!("read the fork-server's answer: {e}"))?;
-            serde_json::from_slice::<ServerAnswer>(&buf)
-                .map_err(|e| format!("bad answer from the fork-server: {e}"))
+            self.recv().await
         };
         match tokio::time::timeout(deadline, fut).await {
             Ok(r) => r,
@@ -332,33 +341,84 @@ impl Worker {
         }
     }
 
-    /// Before a call: memory limit = current use + `limit_mb`, high-water mark reset; pids limit.
-    /// Returns the baseline use.
-    pub fn arm(&self, limit_mb: u64, pids: u64) -> u64 {
+    /// Reads the answer that follows an `early` one (the call's cleanup). Any error means the
+    /// worker is broken.
+    pub async fn read_answer(&mut self, deadline: Duration) -> Result<ServerAnswer, String> {
+        match tokio::time::timeout(deadline, self.recv()).await {
+            Ok(r) => r,
+            Err(_) => Err(format!(
+                "the fork-server did not confirm its cleanup within {deadline:?}"
+            )),
+        }
+    }
+
+    async fn recv(&mut self) -> Result<ServerAnswer, String> {
+        let mut prefix = [0u8; 4];
+        self.conn
+            .read_exact(&mut prefix)
+            .await
+            .map_err(|e| format!("the fork-server did not answer: {e}"))?;
+        let n = u32::from_be_bytes(prefix) as usize;
+        if n > MAX_ANSWER {
+            return Err(format!("answer of {n} bytes is too large"));
+        }
+        let mut buf = vec![0u8; n];
+        self.conn
+            .read_exact(&mut buf)
+            .await
+            .map_err(|e| format!("read the fork-server's answer: {e}"))?;
+        let ans = serde_json::from_slice::<ServerAnswer>(&buf)
+            .map_err(|e| format!("bad answer from the fork-server: {e}"))?;
+        // Every request but an `early` run's cleanup uses up or kills the spare.
+        self.spare_ns = ans.spare.filter(|p| *p > 1);
+        Ok(ans)
+    }
+
+    /// Before a call: memory limit = current use (rounded up to a MiB, so that back-to-back
+    /// calls usually need no write) + `limit_mb`, at most the worker's cap; high-water mark
+    /// reset; pids limit (`0`: the worker's cap). A limit file is written only when its value
+    /// changes: the limits stay armed between calls (the next call arms its own; nothing but
+    /// the fork-server's cleanup runs in between). Returns the baseline use.
+    pub fn arm(&mut self, limit_mb: u64, pids: u64) -> u64 {
+        const MIB: u64 = 1024 * 1024;
         let base = self.mem.usage().unwrap_or(0);
         let limit = base
-            .saturating_add(limit_mb * 1024 * 1024)
+            .div_ceil(MIB)
+            .saturating_mul(MIB)
+            .saturating_add(limit_mb.saturating_mul(MIB))
             .min(self.cap_bytes.max(base));
-        self.mem.set_limit(limit);
+        if self.cur_limit != Some(limit) {
+            self.cur_limit = self.mem.set_limit(limit).then_some(limit);
+        }
         self.mem.reset_peak();
-        if pids > 0 {
-            // +1 for the fork-server itself, which lives in the same user cgroup.
-            self.mem
-                .set_pids(pids.saturating_add(1).min(self.pids_cap.max(2)));
+        // +1 for the fork-server itself, which lives in the same user cgroup.
+        let pids = if pids > 0 {
+            pids.saturating_add(1).min(self.pids_cap.max(2))
+        } else {
+            self.pids_cap
+        };
+        if self.cur_pids != Some(pids) {
+            self.cur_pids = self.mem.set_pids(pids).then_some(pids);
         }
         base
     }
 
-    /// After a call: peak above `base`, OOM kills since `oom_before`; restores the caps.
-    pub fn disarm(&self, base: u64, oom_before: u64) -> MemoryReport {
+    /// After a call: peak above `base`, OOM kills since the last look.
+    pub fn disarm(&mut self, base: u64) -> MemoryReport {
         let peak = self.mem.peak().unwrap_or(0).saturating_sub(base);
-        let oom = self.oom_kills().saturating_sub(oom_before);
-        self.mem.set_limit(self.cap_bytes);
-        self.mem.set_pids(self.pids_cap);
+        let now = self.oom_kills();
+        let oom = now.saturating_sub(self.oom_seen);
+        self.oom_seen = now;
         MemoryReport {
             peak_bytes: peak,
             oom_kills: oom,
         }
+    }
+
+    /// Takes in OOM kills that happened outside a call (its cleanup), so that the next call
+    /// is not blamed for them.
+    pub fn refresh_oom(&mut self) {
+        self.oom_seen = self.oom_kills();
     }
 
     pub fn oom_kills(&self) -> u64 {
@@ -375,12 +435,13 @@ impl Worker {
         user_pids(&self.sandbox).len()
     }
 
-    /// Host pids in the user cgroup other than the fork-server (and aether).
+    /// Host pids in the user cgroup other than the fork-server, its spare child (and aether).
     pub fn strays(&self) -> Vec<i32> {
         let aether = self.sandbox.pid();
         user_pids(&self.sandbox)
             .into_iter()
             .filter(|p| Some(*p) != self.server_pid && *p != aether)
+            .filter(|p| self.spare_ns.is_none() || ns_pid(*p) != self.spare_ns)
             .collect()
     }
 
@@ -467,6 +528,18 @@ fn user_pids(sandbox: &ContainerSandbox) -> Vec<i32> {
         .unwrap_or_default()
 }
 
+/// A host process's pid in its own (innermost) pid namespace (`NSpid` of its status).
+fn ns_pid(host_pid: i32) -> Option<i32> {
+    let status = std::fs::read_to_string(format!("/proc/{host_pid}/status")).ok()?;
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("NSpid:"))?
+        .split_whitespace()
+        .last()?
+        .parse()
+        .ok()
+}
+
 fn remove_dir(dir: &Path) -> std::io::Result<()> {
     match std::fs::remove_dir_all(dir) {
         Err(e) if e.kind() != std::io::ErrorKind::NotFound => Err(e),
@@ -516,16 +589,52 @@ impl MemFiles {
         }
     }
 
-    fn set_limit(&self, bytes: u64) {
-        let _ = std::fs::write(
+    /// Whether the write succeeded.
+    fn set_limit(&self, bytes: u64) -> bool {
+        std::fs::write(
             self.file("memory.limit_in_bytes", "memory.max"),
             bytes.to_string(),
-        );
+        )
+        .is_ok()
     }
 
-    fn set_pids(&self, n: u64) {
-        if let Some(p) = &self.user_pids_max {
-            let _ = std::fs::write(p, n.to_string());
+    fn set_pids(&self, n: u64) -> bool {
+        match &self.user_pids_max {
+            Some(p) => std::fs::write(p, n.to_string()).is_ok(),
+            None => false,
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn request_sends_early_and_reap_only_when_set() {
+        let plain = serde_json::to_value(ServerRequest {
+            end: true,
+            ..Default::default()
+        })
+        .unwrap();
+        assert!(plain.get("early").is_none() && plain.get("reap").is_none());
+        let early = serde_json::to_value(ServerRequest {
+            end: true,
+            early: true,
+            ..Default::default()
+        })
+        .unwrap();
+        assert_eq!(early["early"], true);
+    }
+
+    #[test]
+    fn early_answer_is_pending_and_the_cleanup_answer_is_not() {
+        let first: ServerAnswer =
+            serde_json::from_str(r#"{"results": [], "clean": true, "pending": true}"#).unwrap();
+        assert!(first.pending);
+        let second: ServerAnswer =
+            serde_json::from_str(r#"{"results": [], "clean": false, "survivors": ["7 (sh)"]}"#)
+                .unwrap();
+        assert!(!second.pending && !second.clean);
     }
 }
