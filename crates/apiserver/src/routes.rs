@@ -122,20 +122,23 @@ fn sandbox_id_of(path: &str) -> &str {
 
 /// Span per request; request counter by route and status.
 async fn observe(State(st): State<AppState>, req: Request, next: Next) -> Response {
-    let route = req
-        .extensions()
-        .get::<MatchedPath>()
-        .map(|m| m.as_str().to_string())
-        .unwrap_or_else(|| "unmatched".to_string());
+    // A shared handle, not a copy: this runs on every request.
+    let matched = req.extensions().get::<MatchedPath>().cloned();
+    let route = matched.as_ref().map_or("unmatched", |m| m.as_str());
     let method = req.method().clone();
-    let sandbox = sandbox_id_of(req.uri().path()).to_string();
-    let span = tracing::info_span!("request", %method, route = %route, sandbox_id = %sandbox);
+    // Fields are only formatted when the span is enabled (info level).
+    let span = tracing::info_span!(
+        "request",
+        %method,
+        route = %route,
+        sandbox_id = %sandbox_id_of(req.uri().path())
+    );
     let started = Instant::now();
     let resp = next.run(req).instrument(span.clone()).await;
     let status = resp.status();
     st.metrics
         .requests
-        .with_label_values(&[method.as_str(), &route, status.as_str()])
+        .with_label_values(&[method.as_str(), route, status.as_str()])
         .inc();
     span.in_scope(|| {
         tracing::debug!(
@@ -228,10 +231,11 @@ async fn read_json_body(headers: &HeaderMap, body: Body) -> Result<bytes::Bytes,
 async fn create_sandbox(
     State(st): State<AppState>,
     axum::Extension(principal): axum::Extension<crate::db::Principal>,
-    headers: HeaderMap,
-    body: Body,
+    req: Request,
 ) -> Result<Response, ApiError> {
-    let bytes = read_json_body(&headers, body).await?;
+    // The request itself rather than a `HeaderMap` extractor, which would copy the headers.
+    let (parts, body) = req.into_parts();
+    let bytes = read_json_body(&parts.headers, body).await?;
     crate::create::create(&st, &principal, bytes).await
 }
 
@@ -241,18 +245,16 @@ async fn stop_sandbox(
     State(st): State<AppState>,
     id: Result<Path<String>, PathRejection>,
     matched: Option<MatchedPath>,
-    method: Method,
-    uri: Uri,
-    headers: HeaderMap,
+    req: Request,
 ) -> Result<Response, ApiError> {
     let id = sandbox_id(id)?;
     let resp = forward_sandbox(
         &st,
         &id,
         &matched,
-        method,
-        &uri,
-        &headers,
+        req.method().clone(),
+        req.uri(),
+        req.headers(),
         ForwardBody::Empty,
     )
     .await?;
