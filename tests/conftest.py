@@ -25,7 +25,9 @@ from helpers import (
     dsec_processes,
     find_dsec_bin,
     force_cleanup,
+    make_microvm,
     make_sandbox,
+    microvm_skip_reason,
     mounts_under,
     new_data_dir,
     remove_data_dir,
@@ -130,3 +132,51 @@ def deb(client, debian):
     stop_quietly(sb)
 
 
+# ---------------------------------------------------------------------------------------------
+# substrates (issue 9): a module's tests against a busybox container and a debian microVM
+#
+# A module uses them by taking `sb` (or `substrate`): pytest then runs each of its tests once per
+# substrate, ids `[container]` / `[microvm]`. The microVM variant shares one VM per module (a
+# boot under TCG costs seconds): before each test the sessions it may have used are closed, so
+# every test starts with fresh shells (and their processes gone); files stay.
+
+SESSIONS_USED = ("default", "a", "b", "s0", "s1", "s2")
+
+
+@pytest.fixture(scope="session")
+def microvm_ok():
+    reason = microvm_skip_reason()
+    if reason:
+        print(f"\nSKIP: {reason}")
+        pytest.skip(reason)
+
+
+@pytest.fixture(scope="module", params=["container", "microvm"])
+def substrate(request) -> str:
+    """`container` or `microvm`; the microvm param skips (with the reason) where no microVM can run."""
+    if request.param == "microvm":
+        request.getfixturevalue("microvm_ok")
+    return request.param
+
+
+@pytest.fixture(scope="module")
+def module_vm(microvm_ok, client, debian):
+    """One microVM booted from `debian` (512 MB), shared by a module's microvm-param tests."""
+    sb = make_microvm(client, debian, memory_limit_mb=512)
+    yield sb
+    stop_quietly(sb)
+
+
+@pytest.fixture
+def sb(substrate, request, client):
+    """The sandbox under test: a fresh busybox container, or the module's debian microVM with
+    fresh sessions."""
+    if substrate == "container":
+        s = make_sandbox(client, "busybox")
+        yield s
+        stop_quietly(s)
+        return
+    vm = request.getfixturevalue("module_vm")
+    for name in SESSIONS_USED:
+        vm.close_session(name)
+    yield vm

@@ -357,3 +357,40 @@ def wait_until(pred, timeout: float = 10.0, interval: float = 0.1) -> bool:
             return True
         time.sleep(interval)
     return pred()
+
+
+# ---------------------------------------------------------------------------------------------
+# substrates: the same tests against a container and a microVM
+
+
+SUBSTRATES = ("container", "microvm")
+
+
+def microvm_guest_dir() -> Path:
+    return Path(os.environ.get("DSEC_GUEST_DIR") or Path(os.environ.get("DSEC_CACHE", "/var/cache/dsec")) / "guest")
+
+
+def microvm_skip_reason() -> Optional[str]:
+    """Why the microVM substrate cannot run here (None when it can): the same checks as
+    `tests/test_microvm.py`'s `vm_ok`."""
+    if shutil.which(os.environ.get("DSEC_QEMU", "qemu-system-x86_64")) is None:
+        return "qemu-system-x86_64 is not installed (scripts/install-deps.sh installs qemu-system-x86)"
+    guest = microvm_guest_dir()
+    for f in ("vmlinuz", "initrd.img"):
+        if not (guest / f).is_file():
+            return f"{guest / f} is absent: run scripts/vm/build-guest.sh"
+    return None
+
+
+def make_microvm(client, image: str, memory_limit_mb: int = 512, **kw):
+    from dsec import DSecMicroVMRunArgs
+
+    return client.run_microvm(DSecMicroVMRunArgs(container_image=image, memory_limit_mb=memory_limit_mb, **kw), timeout=300)
+
+
+def proc_cmdlines(sb) -> List[str]:
+    """Command lines of every process in the sandbox, from /proc (no `ps`: the debian image has
+    none, and busybox's `ps` formats differently)."""
+    r = sb.run_shell("for p in /proc/[0-9]*; do tr '\\000' ' ' < $p/cmdline 2>/dev/null; echo; done")
+    assert r.exit_code == 0, r
+    return [line.strip() for line in r.stdout.splitlines() if line.strip()]
