@@ -4,8 +4,11 @@
 //! path inside the sandbox). Reads `Setup`, builds the sandbox ([`setup`]), answers `Ready`, then
 //! serves requests until the channel closes or `Shutdown` arrives.
 //!
-//! `--mode bare [--fd N] [--reattach-grace-ms MS]` skips setup (tests on the host, VM guests): it sends `Ready` with id 0
-//! unsolicited and serves as the current user.
+//! `--mode bare [--fd N] [--reattach-grace-ms MS] [--user SPEC] [--env-file PATH]` skips setup
+//! (tests on the host, VM guests): it sends `Ready` with id 0 unsolicited and serves as the
+//! current user, or as `--user` (a name or uid of this root's /etc/passwd; needs root) — a VM
+//! guest's `init_user`. `--env-file` holds the sandbox-wide environment (`setup.env` of a
+//! container): `KEY=VALUE` entries each ended by a NUL byte, like /proc/PID/environ.
 //!
 //! Threads: the main thread reads frames and dispatches; quick requests (file chunks, cancel,
 //! TTY input, ping) are handled inline, everything that can block gets its own small-stack
@@ -52,6 +55,10 @@ struct Args {
     fd: RawFd,
     /// Bare mode only (containers take it from `Setup`).
     reattach_grace_ms: u64,
+    /// Bare mode only: the sandbox user (containers take it from `Setup`).
+    user: Option<String>,
+    /// Bare mode only: the sandbox-wide environment (containers take it from `Setup`).
+    env_file: Option<PathBuf>,
 }
 
 fn parse_args(args: &[String]) -> Result<Args, String> {
@@ -59,6 +66,8 @@ fn parse_args(args: &[String]) -> Result<Args, String> {
         mode: Mode::Container,
         fd: 3,
         reattach_grace_ms: 0,
+        user: None,
+        env_file: None,
     };
     let mut it = args.iter();
     while let Some(arg) = it.next() {
@@ -81,6 +90,17 @@ fn parse_args(args: &[String]) -> Result<Args, String> {
                     .and_then(|v| v.parse().ok())
                     .ok_or("--reattach-grace-ms needs a number of milliseconds")?;
             }
+            "--user" => {
+                a.user = Some(
+                    it.next()
+                        .filter(|v| !v.is_empty())
+                        .ok_or("--user needs a user name or uid")?
+                        .clone(),
+                );
+            }
+            "--env-file" => {
+                a.env_file = Some(PathBuf::from(it.next().ok_or("--env-file needs a path")?));
+            }
             "--version" => {
                 println!("dsec-aether {VERSION}");
                 std::process::exit(0);
@@ -88,8 +108,12 @@ fn parse_args(args: &[String]) -> Result<Args, String> {
             other => return Err(format!("unknown argument {other:?}")),
         }
     }
-    if a.mode == Mode::Container && (a.fd != 3 || a.reattach_grace_ms != 0) {
-        return Err("--fd and --reattach-grace-ms are only for --mode bare".into());
+    if a.mode == Mode::Container
+        && (a.fd != 3 || a.reattach_grace_ms != 0 || a.user.is_some() || a.env_file.is_some())
+    {
+        return Err(
+            "--fd, --reattach-grace-ms, --user and --env-file are only for --mode bare".into(),
+        );
     }
     if a.fd == REATTACH_FD && a.reattach_grace_ms != 0 {
         return Err(format!(
@@ -160,6 +184,16 @@ fn main() {
     let (user, env, grace) = match args.mode {
         Mode::Bare => {
             sys::set_child_subreaper();
+            let (user, env) = match bare_setup(&args) {
+                Ok(v) => v,
+                Err((kind, msg)) => {
+                    // Said on the channel (the edge is waiting for Ready) and on stderr (a
+                    // VM guest's console).
+                    eprintln!("dsec-aether: {msg}");
+                    w.error(0, kind, msg);
+                    exit(1);
+                }
+            };
             w.send(
                 0,
                 Reply::Ready {
@@ -168,7 +202,7 @@ fn main() {
                 },
                 &[],
             );
-            (users::current(), BTreeMap::new(), args.reattach_grace_ms)
+            (user, env, args.reattach_grace_ms)
         }
         Mode::Container => match container_setup(chan.as_raw_fd(), &w) {
             Ok(v) => v,
@@ -209,6 +243,55 @@ fn main() {
         let _ = std::fs::remove_dir_all(d);
     }
     exit(0);
+}
+
+/// Bare mode: the sandbox user (`--user`, else whoever runs us) and the environment of
+/// `--env-file` (else none).
+fn bare_setup(
+    args: &Args,
+) -> Result<(users::User, BTreeMap<String, String>), (AetherErrorKind, String)> {
+    let env = match &args.env_file {
+        Some(p) => match std::fs::read(p) {
+            Ok(raw) => parse_env_file(&raw),
+            Err(e) => {
+                return Err((
+                    AetherErrorKind::Setup,
+                    format!("read the env file {}: {e}", p.display()),
+                ))
+            }
+        },
+        None => BTreeMap::new(),
+    };
+    let user = match &args.user {
+        None => users::current(),
+        Some(spec) => {
+            if sys::geteuid() != 0 {
+                return Err((
+                    AetherErrorKind::Setup,
+                    format!("--user {spec}: serving as another user needs root"),
+                ));
+            }
+            users::resolve_here(spec).map_err(|e| {
+                (
+                    AetherErrorKind::BadRequest,
+                    format!("init_user: {e}; use root or a user listed in the image's /etc/passwd"),
+                )
+            })?
+        }
+    };
+    Ok((user, env))
+}
+
+/// `KEY=VALUE\0...` (as /proc/PID/environ): entries without `=` or with an empty key are skipped,
+/// a later key wins. Values may hold any byte but NUL; invalid UTF-8 is replaced.
+fn parse_env_file(raw: &[u8]) -> BTreeMap<String, String> {
+    raw.split(|&b| b == 0)
+        .filter_map(|entry| {
+            let entry = String::from_utf8_lossy(entry);
+            let (k, v) = entry.split_once('=')?;
+            (!k.is_empty()).then(|| (k.to_string(), v.to_string()))
+        })
+        .collect()
 }
 
 /// Container mode: the first frame must be `Setup`. Returns the sandbox user, `setup.env` and
@@ -376,7 +459,9 @@ mod tests {
             Args {
                 mode: Mode::Container,
                 fd: 3,
-                reattach_grace_ms: 0
+                reattach_grace_ms: 0,
+                user: None,
+                env_file: None,
             }
         );
         assert_eq!(
@@ -384,11 +469,47 @@ mod tests {
             Args {
                 mode: Mode::Bare,
                 fd: 7,
-                reattach_grace_ms: 0
+                reattach_grace_ms: 0,
+                user: None,
+                env_file: None,
             }
         );
+        assert_eq!(
+            parse_args(&s(&[
+                "--mode",
+                "bare",
+                "--user",
+                "user",
+                "--env-file",
+                "/.dsec/env"
+            ]))
+            .unwrap(),
+            Args {
+                mode: Mode::Bare,
+                fd: 3,
+                reattach_grace_ms: 0,
+                user: Some("user".into()),
+                env_file: Some(PathBuf::from("/.dsec/env")),
+            }
+        );
+        assert!(parse_args(&s(&["--user", "user"])).is_err());
+        assert!(parse_args(&s(&["--env-file", "/x"])).is_err());
+        assert!(parse_args(&s(&["--mode", "bare", "--user", ""])).is_err());
+        assert!(parse_args(&s(&["--mode", "bare", "--user"])).is_err());
         assert!(parse_args(&s(&["--mode", "vm"])).is_err());
         assert!(parse_args(&s(&["--fd", "5"])).is_err());
         assert!(parse_args(&s(&["--mode", "bare", "--fd", "x"])).is_err());
+    }
+
+    #[test]
+    fn env_file() {
+        let env = parse_env_file(b"A=1\0B=x=y\nz\0\0noequals\0=v\0A=2\0C=\0D=\xff\0");
+        let want: BTreeMap<String, String> =
+            [("A", "2"), ("B", "x=y\nz"), ("C", ""), ("D", "\u{fffd}")]
+                .into_iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect();
+        assert_eq!(env, want);
+        assert!(parse_env_file(b"").is_empty());
     }
 }
