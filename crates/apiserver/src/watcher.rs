@@ -37,6 +37,9 @@ struct Placed {
     cpu: f64,
 }
 
+/// Groups the periodic polls are spread over (see [`Watcher::spawn`]).
+const POLL_SLICES: usize = 10;
+
 /// Shared view of all edges.
 #[derive(Clone)]
 pub struct Watcher {
@@ -210,15 +213,37 @@ impl Watcher {
         }
     }
 
-    /// Starts polling every `period`, first poll right away.
+    /// Polls the edges whose index is `slice` modulo `slices`, concurrently.
+    pub async fn poll_slice(&self, http: &reqwest::Client, slice: usize, slices: usize) {
+        let endpoints: Vec<(usize, EdgeEndpoint)> = self.with(|nodes| {
+            nodes
+                .iter()
+                .filter(|n| n.index % slices.max(1) == slice)
+                .map(|n| (n.index, n.endpoint.clone()))
+                .collect()
+        });
+        let polls = endpoints.into_iter().map(|(i, e)| async move {
+            let started = Instant::now();
+            (i, fetch_status(http, &e).await, started)
+        });
+        for (i, r, started) in futures::future::join_all(polls).await {
+            self.record(i, r, started);
+        }
+    }
+
+    /// Starts polling: every edge once per `period`, first polls right away. The edges are
+    /// polled in `POLL_SLICES` groups spread over the period rather than all at once, so 160
+    /// status answers do not arrive in one burst that delays the creates in flight.
     pub fn spawn(&self, http: reqwest::Client, period: Duration) -> JoinHandle<()> {
         let me = self.clone();
         tokio::spawn(async move {
-            let mut tick = tokio::time::interval(period);
+            let mut tick = tokio::time::interval(period / POLL_SLICES as u32);
             tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            let mut slice = 0;
             loop {
                 tick.tick().await;
-                me.poll_once(&http).await;
+                me.poll_slice(&http, slice, POLL_SLICES).await;
+                slice = (slice + 1) % POLL_SLICES;
             }
         })
     }
