@@ -48,10 +48,12 @@ def plain_boot(tmp: Path, memory_mb: int) -> float:
     log = tmp / "plain-console.log"
     log.unlink(missing_ok=True)
     m = "microvm,pit=on,pic=on,rtc=on" if MACHINE == "microvm" else "pc"
-    args = ["qemu-system-x86_64", "-M", m, "-accel", ACCEL, "-m", f"{memory_mb}M", "-smp", "1",
+    # The same CPU model as dsec's guests (RDRAND, see `Accel::cpu_model`).
+    cpu = "host" if ACCEL == "kvm" else "qemu64,+rdrand"
+    args = ["qemu-system-x86_64", "-M", m, "-accel", ACCEL, "-m", f"{memory_mb}M", "-smp", "1", "-cpu", cpu,
             "-nodefaults", "-no-user-config", "-nographic", "-no-reboot",
             "-kernel", str(GUEST / "vmlinuz"), "-initrd", str(initrd),
-            "-append", "console=ttyS0 panic=-1 quiet loglevel=4",
+            "-append", "console=ttyS0 panic=-1 quiet loglevel=4 random.trust_cpu=on",
             "-chardev", f"file,id=log,path={log}", "-serial", "chardev:log"]
     t0 = time.monotonic()
     p = subprocess.Popen(args, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)

@@ -21,7 +21,7 @@ if [[ -s $OUT/vmlinuz && -s $OUT/initrd.img && "$(cat "$OUT/stamp" 2>/dev/null)"
     echo "[dsec] microVM guest present in $OUT (kernel $(cat "$OUT/kernel-version"))"
     exit 0
 fi
-for t in dpkg-deb depmod cpio gzip; do
+for t in dpkg-deb depmod cpio gzip python3; do
     command -v "$t" >/dev/null || { echo "[dsec] build-guest: $t not found" >&2; exit 1; }
 done
 BUSYBOX=$(command -v busybox || true)
@@ -86,6 +86,21 @@ for m in "${MODULES[@]}"; do
     fi
     add_mod "$rel"
 done
+# Debian signs its modules; the guest kernel then hashes each module and checks an RSA signature
+# at insmod (slow under TCG). The initramfs is built here from the verified package and is part of
+# the host's trusted artefacts, so drop the appended signature: the kernel (no
+# CONFIG_MODULE_SIG_FORCE, no lockdown without secure boot) loads it unverified (tainted "E").
+strip_signature() {
+    python3 - "$1" <<'PY'
+import struct, sys
+p = sys.argv[1]
+b = open(p, "rb").read()
+magic = b"~Module signature appended~\n"
+if b.endswith(magic):
+    sig_len = struct.unpack(">I", b[-len(magic) - 4:-len(magic)])[0]
+    open(p, "wb").write(b[:len(b) - len(magic) - 12 - sig_len])
+PY
+}
 : > "$R/modules.order"
 for rel in "${order[@]}"; do
     name=$(basename "$rel")
@@ -94,6 +109,7 @@ for rel in "${order[@]}"; do
         *.ko.zst) zstd -qdc "$mdir/$rel" > "$R/lib/modules/$kver/${name%.zst}"; name=${name%.zst} ;;
         *) cp "$mdir/$rel" "$R/lib/modules/$kver/$name" ;;
     esac
+    strip_signature "$R/lib/modules/$kver/$name"
     echo "/lib/modules/$kver/$name" >> "$R/modules.order"
 done
 echo "[dsec] guest modules: $(tr '\n' ' ' < "$R/modules.order")"

@@ -2,6 +2,7 @@
 
 use std::path::Path;
 
+use crate::microvm::qemu::esc;
 use crate::microvm::Accel;
 
 /// The PC machine type: `q35` (PCIe, the default) or `pc` (i440FX).
@@ -47,11 +48,6 @@ pub struct FullVmArgs<'a> {
     pub pidfile: &'a Path,
 }
 
-fn esc(p: &Path) -> String {
-    // QEMU option values separate with ','; a literal comma is written twice.
-    p.display().to_string().replace(',', ",,")
-}
-
 /// The argument vector after the binary name.
 pub fn command_line(a: &FullVmArgs<'_>) -> Vec<String> {
     let mut v: Vec<String> = Vec::new();
@@ -67,6 +63,8 @@ pub fn command_line(a: &FullVmArgs<'_>) -> Vec<String> {
         &mem,
         "-smp",
         &smp,
+        "-cpu",
+        a.accel.cpu_model(),
     ]);
     push(&["-nodefaults", "-no-user-config", "-nographic", "-no-reboot"]);
     if let Some(d) = &a.direct {

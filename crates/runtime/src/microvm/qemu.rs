@@ -16,6 +16,23 @@ impl Accel {
             Accel::Tcg => "tcg",
         }
     }
+
+    /// The guest CPU model. It must offer RDRAND: a guest kernel without a trusted CPU RNG
+    /// initialises its CRNG from interrupt jitter, and the first `getrandom` (aether's first
+    /// command, anything hashing with a random seed) blocks until then — ≈ 1.5 s after boot
+    /// under TCG. `qemu64` (QEMU's default) lacks RDRAND; TCG emulates it with `+rdrand`.
+    pub fn cpu_model(self) -> &'static str {
+        match self {
+            Accel::Kvm => "host",
+            Accel::Tcg => "qemu64,+rdrand",
+        }
+    }
+}
+
+/// A path as a QEMU option value: a literal `,` is written twice (`,` separates options).
+/// Shared by the microVM and full-VM command lines.
+pub(crate) fn esc(p: &Path) -> String {
+    p.display().to_string().replace(',', ",,")
 }
 
 /// The machine type. `microvm` (virtio-mmio) needs working guest timers from ACPI, which QEMU
@@ -86,11 +103,6 @@ pub struct QemuArgs<'a> {
     pub balloon: bool,
 }
 
-fn esc(p: &Path) -> String {
-    // QEMU option values separate with ','; a literal comma is written twice.
-    p.display().to_string().replace(',', ",,")
-}
-
 /// The argument vector after the binary name.
 pub fn command_line(a: &QemuArgs<'_>) -> Vec<String> {
     let mut v: Vec<String> = Vec::new();
@@ -138,12 +150,18 @@ pub fn command_line(a: &QemuArgs<'_>) -> Vec<String> {
         &mem,
         "-smp",
         &smp,
+        "-cpu",
+        a.accel.cpu_model(),
     ]);
     push(&["-nodefaults", "-no-user-config", "-nographic", "-no-reboot"]);
     let mut append = format!(
-        "console=ttyS0 panic=-1 quiet loglevel=4 dsec.nlayers={}",
+        "console=ttyS0 panic=-1 quiet loglevel=4 random.trust_cpu=on dsec.nlayers={}",
         a.layers.len()
     );
+    if a.balloon {
+        // The guest's /init loads the balloon driver only when there is a balloon.
+        append.push_str(" dsec.balloon=1");
+    }
     if !pmem.is_empty() {
         let map: Vec<String> = pmem
             .iter()
@@ -326,5 +344,6 @@ mod tests {
         assert!(s.contains("id=upper,file=/d/upper.img,format=raw"));
         assert!(s.contains("virtio-blk-pci,drive=upper,serial=dsec-upper"));
         assert!(s.contains("virtio-balloon-pci,id=balloon0,free-page-reporting=on"));
+        assert!(s.contains(" dsec.balloon=1"));
     }
 }
