@@ -8,10 +8,8 @@
 
 use std::time::Duration;
 
-use dsec_wire::api::SandboxList;
 use tokio::task::JoinHandle;
 
-use crate::create::LABEL_RESERVATION;
 use crate::iam::ledger::{now_ms, EdgeLive, Ledger};
 use crate::watcher::Watcher;
 
@@ -19,6 +17,27 @@ use crate::watcher::Watcher;
 const GRACE_MS: i64 = 5_000;
 /// Unbound reservations older than this are released.
 const PENDING_MS: i64 = 120_000;
+
+/// The part of an edge's `SandboxList` reconciliation reads: with 380,000 live sandboxes a
+/// pass reads them all, so the other fields (image, limits, user labels, ...) are skipped
+/// rather than decoded into a full `SandboxInfo` each.
+#[derive(serde::Deserialize)]
+struct LiveList {
+    sandboxes: Vec<LiveSandbox>,
+}
+
+#[derive(serde::Deserialize)]
+struct LiveSandbox {
+    id: String,
+    #[serde(default)]
+    labels: LiveLabels,
+}
+
+#[derive(serde::Deserialize, Default)]
+struct LiveLabels {
+    #[serde(rename = "dsec.reservation", default)]
+    reservation: Option<String>,
+}
 
 /// One reconciliation pass; returns how many allocations changed.
 pub async fn once(watcher: &Watcher, http: &reqwest::Client, ledger: &Ledger) -> u64 {
@@ -39,16 +58,14 @@ pub async fn once(watcher: &Watcher, http: &reqwest::Client, ledger: &Ledger) ->
             if !r.status().is_success() {
                 return None;
             }
-            let list: SandboxList = r.json().await.ok()?;
+            let body = r.bytes().await.ok()?;
+            let list: LiveList = serde_json::from_slice(&body).ok()?;
             Some(EdgeLive {
                 node,
                 sandboxes: list
                     .sandboxes
                     .into_iter()
-                    .map(|s| {
-                        let res = s.labels.get(LABEL_RESERVATION).cloned();
-                        (s.id, res)
-                    })
+                    .map(|s| (s.id, s.labels.reservation))
                     .collect(),
             })
         })
@@ -90,4 +107,43 @@ pub fn spawn(
             once(&watcher, &http, &ledger).await;
         }
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::create::LABEL_RESERVATION;
+    use dsec_wire::api::{SandboxInfo, SandboxList};
+
+    #[test]
+    fn reads_ids_and_reservations_from_a_full_list() {
+        let mut a = SandboxInfo {
+            id: "sb-n1-0000000000000001".into(),
+            image: "busybox".into(),
+            ..Default::default()
+        };
+        a.labels.insert(LABEL_RESERVATION.into(), "r1".into());
+        a.labels.insert("team".into(), "x".into());
+        let b = SandboxInfo {
+            id: "sb-n1-0000000000000002".into(),
+            ..Default::default()
+        };
+        let body = serde_json::to_vec(&SandboxList {
+            sandboxes: vec![a, b],
+        })
+        .unwrap();
+        let list: LiveList = serde_json::from_slice(&body).unwrap();
+        let got: Vec<(String, Option<String>)> = list
+            .sandboxes
+            .into_iter()
+            .map(|s| (s.id, s.labels.reservation))
+            .collect();
+        assert_eq!(
+            got,
+            vec![
+                ("sb-n1-0000000000000001".into(), Some("r1".into())),
+                ("sb-n1-0000000000000002".into(), None),
+            ]
+        );
+    }
 }
