@@ -59,13 +59,32 @@ def dsec_bin() -> str:
     return b
 
 
+def _b36(n: int) -> str:
+    digits = "0123456789abcdefghijklmnopqrstuvwxyz"
+    return digits[n // 36 % 36] + digits[n % 36]
+
+
+# The suite's node names its network objects apart from any other edge on the host (a `dsec up`
+# of the README's setup, another run of this suite): one edge per nftables table and name
+# prefixes, a second one is refused networking.
+_P = os.getpid()
+MAIN_NODE_CONFIG = f"""
+[edge.network]
+subnet_v4 = "10.{100 + _P % 50}.0.0/16"
+subnet_v6 = "fd00:e2e:{_P % 65536:x}::/64"
+table = "dsece{_P}"
+veth_prefix = "z{_b36(_P)}"  # no host interface starts with z
+gateway_interface = "dsg{_P}"
+"""
+
+
 @pytest.fixture(scope="session")
 def node(dsec_bin):
     """The suite's shared `dsec up` (node id `e2e<pid>`, unique so that concurrent runs of the
     suite never reap each other's sandboxes), stopped with SIGTERM at the end."""
     data = new_data_dir("main")
     node_id = f"e2e{os.getpid()}"
-    up = DsecUp(dsec_bin, data, node_id)
+    up = DsecUp(dsec_bin, data, node_id, config=MAIN_NODE_CONFIG)
     try:
         up.start()
     except RuntimeError as e:

@@ -152,8 +152,10 @@ def debian_tar() -> Path:
 class DsecUp:
     """One `dsec up` process on its own data dir and port."""
 
-    def __init__(self, binary: str, data_dir: str, node_id: str, port: Optional[int] = None):
+    def __init__(self, binary: str, data_dir: str, node_id: str, port: Optional[int] = None,
+                 config: Optional[str] = None):
         self.binary = binary
+        self.config = config
         self.data_dir = data_dir
         self.node_id = node_id
         self.port = port or free_port()
@@ -201,6 +203,11 @@ class DsecUp:
             "--listen", f"127.0.0.1:{self.port}",
             "--node-id", self.node_id,
         ]
+        if self.config is not None:
+            path = os.path.join(self.data_dir, "dsec.toml")
+            with open(path, "w") as f:
+                f.write(self.config)
+            cmd += ["--config", path]
         stderr = open(self.stderr_path, "ab")
         self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=stderr, env=env, start_new_session=True)
         stderr.close()

@@ -14,6 +14,7 @@ pub mod http;
 pub mod libnft;
 pub mod netns;
 pub mod nft;
+pub mod owner;
 pub mod policy;
 pub mod pool;
 
@@ -172,12 +173,16 @@ pub enum NetError {
     Exhausted(String),
     #[error("DNS proxy: {0}")]
     Dns(String),
+    /// Another edge on this host holds the network names ([`owner`]).
+    #[error("{0}")]
+    InUse(String),
 }
 
 impl From<NetError> for crate::error::EdgeError {
     fn from(e: NetError) -> Self {
         match e {
             NetError::Policy(m) => crate::error::EdgeError::BadRequest(m),
+            NetError::InUse(m) => crate::error::EdgeError::Unavailable(m),
             NetError::Exhausted(m) => {
                 crate::error::EdgeError::NodeFull(format!("no free sandbox address left in {m}"))
             }
@@ -231,6 +236,8 @@ pub struct Network {
     pool_kick: Arc<tokio::sync::Notify>,
     pool_started: std::sync::atomic::AtomicBool,
     pool_closed: std::sync::atomic::AtomicBool,
+    /// This edge's claim on the names (taken before any of them is touched).
+    owned: Mutex<Option<owner::Ownership>>,
 }
 
 /// The short key of a sandbox id (its last 12 hex digits) naming chains, sets and the veth.
@@ -280,6 +287,7 @@ impl Network {
             pool_kick: Arc::new(tokio::sync::Notify::new()),
             pool_started: std::sync::atomic::AtomicBool::new(false),
             pool_closed: std::sync::atomic::AtomicBool::new(false),
+            owned: Mutex::new(None),
         })
     }
 
@@ -296,8 +304,18 @@ impl Network {
         policy::from_request(spec, groups, &self.cfg.groups).map_err(NetError::Policy)
     }
 
+    /// Claims the network names for this edge (once; see [`owner`]).
+    fn own(&self) -> Result<(), NetError> {
+        let mut owned = lock(&self.owned);
+        if owned.is_none() {
+            *owned = Some(owner::claim(&self.cfg.table)?);
+        }
+        Ok(())
+    }
+
     /// Host setup, base table and DNS proxy, once.
     async fn ensure_init(self: &Arc<Self>) -> Result<(), NetError> {
+        self.own()?;
         let me = self.clone();
         self.init
             .get_or_try_init(|| async move {
@@ -572,6 +590,10 @@ impl Network {
 
     /// Removes what an earlier run left: namespaces and veths with our prefixes, the table.
     pub async fn reap_orphans(&self) -> Vec<String> {
+        if let Err(e) = self.own() {
+            tracing::warn!(error = %e, "not reaping leftover sandbox networks");
+            return Vec::new();
+        }
         let ns_prefix = format!("{}-", self.cfg.table);
         let veth_prefix = self.cfg.veth_prefix.clone();
         let table = self.cfg.table.clone();
