@@ -52,8 +52,10 @@ pub struct Pool {
     returned: Notify,
 }
 
-/// Longest a call waits for a settling worker before it takes another (or starts one).
-const SETTLE_WAIT: Duration = Duration::from_millis(20);
+/// Longest a call with no idle worker waits for a settling one before it starts a worker. A
+/// cleanup takes ~1–3 ms, one that needs a sweep (leftover processes killed from outside)
+/// tens of ms; a worker start takes longer, and a worker given up wakes the waiters at once.
+const SETTLE_WAIT: Duration = Duration::from_secs(1);
 
 /// A worker lent to one call; give it back with [`Pool::release`].
 pub struct Lent {

@@ -452,7 +452,28 @@ impl Worker {
     /// thaws, and repeats until none is left; then the server reaps and re-checks. Returns
     /// whether the worker is clean (if not, it must be destroyed).
     pub async fn sweep(&mut self, margin: Duration) -> bool {
+        // Processes killed by the server's reap (a child forked while it was killing) may take
+        // a moment to leave the cgroup: look again, then sweep again.
+        for attempt in 0..3 {
+            if !self.sweep_once(margin).await {
+                return false;
+            }
+            for _ in 0..50 {
+                if self.strays().is_empty() {
+                    return self.alive();
+                }
+                tokio::time::sleep(Duration::from_millis(2)).await;
+            }
+            tracing::debug!(worker = %self.id, attempt, strays = ?self.strays(), "function worker: processes left after the reap");
+        }
+        tracing::warn!(worker = %self.id, strays = ?self.strays(), "function worker: processes keep appearing after sweeps");
+        false
+    }
+
+    /// One sweep: kill from outside until no stray is left, then the server reaps and wipes.
+    async fn sweep_once(&mut self, margin: Duration) -> bool {
         let Some(server) = self.server_pid else {
+            tracing::warn!(worker = %self.id, "function worker: fork-server pid unknown");
             return false;
         };
         let cg = self.sandbox.cgroup();
@@ -482,7 +503,8 @@ impl Worker {
             }
             tokio::time::sleep(Duration::from_millis(if round < 10 { 1 } else { 10 })).await;
         }
-        if !self.strays().is_empty() || !self.user_pids_has(server) {
+        if !self.user_pids_has(server) {
+            tracing::warn!(worker = %self.id, "function worker: the fork-server is gone");
             return false;
         }
         let reap = ServerRequest {
@@ -490,7 +512,7 @@ impl Worker {
             ..Default::default()
         };
         match self.exchange(&reap, margin).await {
-            Ok(a) if a.clean && a.error.is_none() => self.alive() && self.strays().is_empty(),
+            Ok(a) if a.clean && a.error.is_none() => self.alive(),
             Ok(a) => {
                 tracing::warn!(worker = %self.id, survivors = ?a.survivors, error = ?a.error, "function worker still unclean after a sweep");
                 false
