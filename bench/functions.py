@@ -49,7 +49,7 @@ def _proc_cpu(stat_path, children=False):
 def cpu_now(dsec_pid, node_id):
     """(client, dsec, workers) CPU seconds so far."""
     r = resource.getrusage(resource.RUSAGE_SELF)
-    dsec = sum(_proc_cpu(t) for t in glob.glob(f"/proc/{dsec_pid}/task/*/stat"))
+    dsec = _proc_cpu(f"/proc/{dsec_pid}/stat")  # the whole process, exited threads included
     workers = 0
     for procs in glob.glob(f"/sys/fs/cgroup/pids/dsec/{node_id}/**/cgroup.procs", recursive=True):
         for pid in open(procs).read().split():
