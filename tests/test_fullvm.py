@@ -24,42 +24,17 @@ import pytest
 import dsec
 from dsec import DSecVMRunArgs
 from helpers import sh, stop_quietly
+from vmfixture import missing, qemu_pids_for, skip_if
 
 CACHE = Path(os.environ.get("DSEC_CACHE", "/var/cache/dsec"))
 VMDIR = CACHE / "vm"
 IMAGE = VMDIR / "debian.qcow2"
 
 
-def _skip_reason():
-    for b in (os.environ.get("DSEC_QEMU", "qemu-system-x86_64"), "qemu-img"):
-        if shutil.which(b) is None:
-            return f"{b} is not installed (scripts/install-deps.sh installs qemu-system-x86, qemu-utils)"
-    if not IMAGE.is_file():
-        return f"{IMAGE} is absent: run scripts/vm/build-disk.sh"
-    return None
-
-
 @pytest.fixture(scope="module")
 def fv_ok():
-    reason = _skip_reason()
-    if reason:
-        print(f"\nSKIP: {reason}")
-        pytest.skip(reason)
-
-
-def qemu_pids_for(path_fragment: str):
-    """QEMU processes whose command line mentions `path_fragment`."""
-    pids = []
-    for p in Path("/proc").iterdir():
-        if not p.name.isdigit():
-            continue
-        try:
-            cmd = (p / "cmdline").read_bytes().split(b"\0")
-        except OSError:
-            continue
-        if cmd and b"qemu-system" in cmd[0] and any(path_fragment.encode() in a for a in cmd):
-            pids.append(int(p.name))
-    return pids
+    skip_if(missing([os.environ.get("DSEC_QEMU", "qemu-system-x86_64"), "qemu-img"], [IMAGE],
+                    "scripts/install-deps.sh installs qemu-system-x86, qemu-utils", "scripts/vm/build-disk.sh"))
 
 
 def sha256(path: Path) -> str:

@@ -20,40 +20,15 @@ import pytest
 import dsec
 from dsec import DSecMicroVMRunArgs
 from helpers import sh, stop_quietly
+from vmfixture import missing, qemu_pids_for, skip_if
 
 GUEST = Path(os.environ.get("DSEC_GUEST_DIR") or Path(os.environ.get("DSEC_CACHE", "/var/cache/dsec")) / "guest")
 
 
-def _skip_reason():
-    if shutil.which(os.environ.get("DSEC_QEMU", "qemu-system-x86_64")) is None:
-        return "qemu-system-x86_64 is not installed (scripts/install-deps.sh installs qemu-system-x86)"
-    for f in ("vmlinuz", "initrd.img"):
-        if not (GUEST / f).is_file():
-            return f"{GUEST / f} is absent: run scripts/vm/build-guest.sh"
-    return None
-
-
 @pytest.fixture(scope="module")
 def vm_ok():
-    reason = _skip_reason()
-    if reason:
-        print(f"\nSKIP: {reason}")
-        pytest.skip(reason)
-
-
-def qemu_pids_for(path_fragment: str):
-    """QEMU processes whose command line mentions `path_fragment`."""
-    pids = []
-    for p in Path("/proc").iterdir():
-        if not p.name.isdigit():
-            continue
-        try:
-            cmd = (p / "cmdline").read_bytes().split(b"\0")
-        except OSError:
-            continue
-        if cmd and b"qemu-system" in cmd[0] and any(path_fragment.encode() in a for a in cmd):
-            pids.append(int(p.name))
-    return pids
+    skip_if(missing([os.environ.get("DSEC_QEMU", "qemu-system-x86_64")], [GUEST / "vmlinuz", GUEST / "initrd.img"],
+                    "scripts/install-deps.sh installs qemu-system-x86", "scripts/vm/build-guest.sh"))
 
 
 @pytest.fixture(scope="module")

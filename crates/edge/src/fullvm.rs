@@ -10,13 +10,8 @@
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use dsec_runtime::aether_client::AetherClient;
-use dsec_runtime::container::pause::PauseError;
 use dsec_runtime::fullvm::{FullVmConfig, FullVmSandbox, FullVmSubstrate};
-use dsec_runtime::substrate::{
-    CreateSandboxError, DestroySandboxError, Sandbox, SandboxSpec, Substrate as _, Usage,
-};
-use dsec_wire::api::PauseReport;
+use dsec_runtime::substrate::{CreateSandboxError, SandboxSpec, Substrate as _};
 
 use crate::substrate::{BoxFut, Driver, LiveSandbox};
 use crate::EdgeError;
@@ -131,11 +126,6 @@ pub struct FullVmDriver {
     inner: Arc<FullVmSubstrate>,
 }
 
-struct FullVmLive {
-    substrate: Arc<FullVmSubstrate>,
-    sandbox: FullVmSandbox,
-}
-
 impl Driver for FullVmDriver {
     fn kind(&self) -> dsec_wire::api::Substrate {
         dsec_wire::api::Substrate::Vm
@@ -157,10 +147,7 @@ impl Driver for FullVmDriver {
                 ));
             }
             let sandbox = self.inner.create(spec).await?;
-            Ok(Box::new(FullVmLive {
-                substrate: self.inner.clone(),
-                sandbox,
-            }) as Box<dyn LiveSandbox>)
+            Ok(Box::new(crate::microvm::VmLive(sandbox)) as Box<dyn LiveSandbox>)
         })
     }
 
@@ -169,51 +156,7 @@ impl Driver for FullVmDriver {
     }
 }
 
-impl LiveSandbox for FullVmLive {
-    fn id(&self) -> &str {
-        self.sandbox.id()
-    }
-
-    fn aether(&self) -> &AetherClient {
-        self.sandbox.aether()
-    }
-
-    fn pid(&self) -> i32 {
-        self.sandbox.pid()
-    }
-
-    fn usage(&self) -> Usage {
-        self.sandbox.usage()
-    }
-
-    fn destroy(&self) -> BoxFut<'_, Result<(), DestroySandboxError>> {
-        Box::pin(self.substrate.destroy(&self.sandbox))
-    }
-
-    fn exited(&self) -> BoxFut<'_, ()> {
-        // The channel outlives QEMU processes (a pause ends one); it closes only when the VM
-        // is gone, or when aether in the guest ended (e.g. started by a systemd unit, it is
-        // not the guest's PID 1, so the guest would not stop with it).
-        Box::pin(async move {
-            tokio::select! {
-                _ = self.sandbox.exited() => {}
-                _ = self.sandbox.aether().closed() => {}
-            }
-        })
-    }
-
-    fn pause(&self, _reclaim_memory: bool) -> BoxFut<'_, Result<PauseReport, PauseError>> {
-        Box::pin(self.sandbox.pause())
-    }
-
-    fn resume(&self) -> BoxFut<'_, Result<(), PauseError>> {
-        Box::pin(self.sandbox.resume())
-    }
-
-    fn is_paused(&self) -> bool {
-        self.sandbox.is_paused()
-    }
-}
+impl crate::microvm::EdgeVm for FullVmSandbox {}
 
 #[cfg(test)]
 mod tests {

@@ -12,9 +12,10 @@ use std::sync::Arc;
 use dsec_runtime::aether_client::AetherClient;
 use dsec_runtime::container::adopt::AdoptError;
 use dsec_runtime::container::pause::PauseError;
+use dsec_runtime::microvm::vm::{destroy_vm, VmSandbox};
 use dsec_runtime::microvm::{MicroVmConfig, MicroVmSandbox, MicroVmSubstrate};
 use dsec_runtime::substrate::{
-    CreateSandboxError, DestroySandboxError, Sandbox, SandboxSpec, Substrate as _, Usage,
+    CreateSandboxError, DestroySandboxError, SandboxSpec, Substrate as _, Usage,
 };
 use dsec_wire::api::PauseReport;
 
@@ -75,11 +76,6 @@ pub struct MicroVmDriver {
     inner: Arc<MicroVmSubstrate>,
 }
 
-struct MicroVmLive {
-    substrate: Arc<MicroVmSubstrate>,
-    sandbox: MicroVmSandbox,
-}
-
 impl Driver for MicroVmDriver {
     fn kind(&self) -> dsec_wire::api::Substrate {
         dsec_wire::api::Substrate::Microvm
@@ -96,10 +92,7 @@ impl Driver for MicroVmDriver {
                 ));
             }
             let sandbox = self.inner.create(spec).await?;
-            Ok(Box::new(MicroVmLive {
-                substrate: self.inner.clone(),
-                sandbox,
-            }) as Box<dyn LiveSandbox>)
+            Ok(Box::new(VmLive(sandbox)) as Box<dyn LiveSandbox>)
         })
     }
 
@@ -115,10 +108,7 @@ impl Driver for MicroVmDriver {
     ) -> BoxFut<'_, Result<Box<dyn LiveSandbox>, AdoptError>> {
         Box::pin(async move {
             match self.inner.adopt_paused(&id, &dir) {
-                Ok(sandbox) => Ok(Box::new(MicroVmLive {
-                    substrate: self.inner.clone(),
-                    sandbox,
-                }) as Box<dyn LiveSandbox>),
+                Ok(sandbox) => Ok(Box::new(VmLive(sandbox)) as Box<dyn LiveSandbox>),
                 Err(why) => {
                     tracing::info!(sandbox = %id, reason = %why, "microVM not re-adoptable (only paused ones are)");
                     // Whatever is left of it (a running VM ended with the old edge's channel).
@@ -130,59 +120,78 @@ impl Driver for MicroVmDriver {
     }
 }
 
-impl LiveSandbox for MicroVmLive {
+/// A sandbox of either VM substrate as the edge drives it (shared with [`crate::fullvm`]): its
+/// [`Vm`](dsec_runtime::microvm::vm::Vm) pauses by snapshot, resumes and dies the same way.
+pub(crate) struct VmLive<T>(pub(crate) T);
+
+/// What the edge needs of a VM sandbox beyond its [`VmSandbox`] machinery.
+pub(crate) trait EdgeVm: VmSandbox + 'static {
+    /// The guest's writable layer as host files (for `pack_diff`), if the substrate has one.
+    fn writable_layer(&self) -> BoxFut<'_, Result<Option<WritableLayer>, String>> {
+        Box::pin(async { Ok(None) })
+    }
+}
+
+impl EdgeVm for MicroVmSandbox {
+    fn writable_layer(&self) -> BoxFut<'_, Result<Option<WritableLayer>, String>> {
+        Box::pin(async move {
+            let m = self.expose_upper().await?;
+            Ok(Some(WritableLayer {
+                upper: m.upper.clone(),
+                release: Box::new(move || Box::pin(m.release())),
+            }))
+        })
+    }
+}
+
+impl<T: EdgeVm> LiveSandbox for VmLive<T> {
     fn id(&self) -> &str {
-        self.sandbox.id()
+        self.0.id()
     }
 
     fn aether(&self) -> &AetherClient {
-        self.sandbox.aether()
+        self.0.aether()
     }
 
     fn pid(&self) -> i32 {
-        self.sandbox.pid()
+        self.0.pid()
     }
 
     fn usage(&self) -> Usage {
-        self.sandbox.usage()
+        self.0.usage()
     }
 
     fn destroy(&self) -> BoxFut<'_, Result<(), DestroySandboxError>> {
-        Box::pin(self.substrate.destroy(&self.sandbox))
+        Box::pin(destroy_vm(self.0.id(), self.0.vm(), self.0.vm_dir()))
     }
 
     fn exited(&self) -> BoxFut<'_, ()> {
-        // The channel of a microVM outlives its QEMU processes (pause ends one); it closes
-        // only when the VM is gone, which `exited` reports too.
+        // The channel of a VM outlives its QEMU processes (pause ends one); it closes only
+        // when the VM is gone, or when aether in the guest ended (a full VM's aether, started
+        // by a systemd unit, is not the guest's PID 1, so the guest would not stop with it).
         Box::pin(async move {
             tokio::select! {
-                _ = self.sandbox.exited() => {}
-                _ = self.sandbox.aether().closed() => {}
+                _ = self.0.vm().dead() => {}
+                _ = self.0.aether().closed() => {}
             }
         })
     }
 
     fn pause(&self, _reclaim_memory: bool) -> BoxFut<'_, Result<PauseReport, PauseError>> {
         // Always "reclaims": the whole QEMU process ends.
-        Box::pin(self.sandbox.pause())
+        Box::pin(self.0.vm().pause())
     }
 
     fn resume(&self) -> BoxFut<'_, Result<(), PauseError>> {
-        Box::pin(self.sandbox.resume())
+        Box::pin(self.0.vm().resume())
     }
 
     fn is_paused(&self) -> bool {
-        self.sandbox.is_paused()
+        self.0.vm().is_paused()
     }
 
     fn writable_layer(&self) -> BoxFut<'_, Result<Option<WritableLayer>, String>> {
-        Box::pin(async move {
-            let m = self.sandbox.expose_upper().await?;
-            Ok(Some(WritableLayer {
-                upper: m.upper.clone(),
-                release: Box::new(move || Box::pin(m.release())),
-            }))
-        })
+        EdgeVm::writable_layer(&self.0)
     }
 }
 

@@ -31,7 +31,7 @@ use dsec_wire::api::PauseReport;
 
 use crate::aether_client::AetherClient;
 use crate::container::pause::PauseError;
-use crate::microvm::vm::{Launch, Vm};
+use crate::microvm::vm::{self, Launch, Vm};
 use crate::microvm::Accel;
 use crate::substrate::{
     CreateSandboxError, DestroySandboxError, Sandbox, SandboxSpec, Substrate, Usage,
@@ -179,6 +179,15 @@ impl FullVmSandbox {
 
     pub fn is_paused(&self) -> bool {
         self.vm.is_paused()
+    }
+}
+
+impl vm::VmSandbox for FullVmSandbox {
+    fn vm(&self) -> &vm::Vm {
+        &self.vm
+    }
+    fn vm_dir(&self) -> &Path {
+        &self.vm_dir
     }
 }
 
@@ -396,41 +405,13 @@ impl Substrate for FullVmSubstrate {
                 }
                 Ok(sandbox)
             }
-            Err(e) => {
-                // QEMU is gone (killed on the error paths); remove the overlay and sockets.
-                if let Err(c) = tokio::fs::remove_dir_all(&vm_dir).await {
-                    if c.kind() != io::ErrorKind::NotFound {
-                        return Err(CreateSandboxError::WithCleanup {
-                            id: spec.id.clone(),
-                            error: Box::new(e),
-                            cleanup: format!("remove {}: {c}", vm_dir.display()),
-                        });
-                    }
-                }
-                Err(e)
-            }
+            // QEMU is gone (killed on the error paths or on drop); remove its files.
+            Err(e) => Err(vm::cleanup_failed_create(&spec.id, &vm_dir, e).await),
         }
     }
 
     async fn destroy(&self, sandbox: &FullVmSandbox) -> Result<(), DestroySandboxError> {
-        sandbox
-            .vm
-            .kill()
-            .await
-            .map_err(|what| DestroySandboxError::Io {
-                id: sandbox.id.clone(),
-                what,
-                source: io::Error::from(io::ErrorKind::TimedOut),
-            })?;
-        match tokio::fs::remove_dir_all(&sandbox.vm_dir).await {
-            Ok(()) => Ok(()),
-            Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(()),
-            Err(source) => Err(DestroySandboxError::Io {
-                id: sandbox.id.clone(),
-                what: format!("remove {}", sandbox.vm_dir.display()),
-                source,
-            }),
-        }
+        vm::destroy_vm(&sandbox.id, &sandbox.vm, &sandbox.vm_dir).await
     }
 
     async fn reap_orphans(&self, _known_live: &[String]) -> Vec<String> {

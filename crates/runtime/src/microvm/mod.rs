@@ -299,6 +299,15 @@ impl MicroVmSandbox {
 /// The writable disk's file name inside the VM directory.
 pub const UPPER_DISK: &str = "upper.img";
 
+impl vm::VmSandbox for MicroVmSandbox {
+    fn vm(&self) -> &vm::Vm {
+        &self.vm
+    }
+    fn vm_dir(&self) -> &Path {
+        &self.vm_dir
+    }
+}
+
 impl Sandbox for MicroVmSandbox {
     fn id(&self) -> &str {
         &self.id
@@ -645,41 +654,13 @@ impl Substrate for MicroVmSubstrate {
         let vm_dir = spec.dir.join("vm");
         match self.start(&spec, &vm_dir).await {
             Ok(s) => Ok(s),
-            Err(e) => {
-                // QEMU is gone (killed on the error paths or on drop); remove its files.
-                if let Err(c) = tokio::fs::remove_dir_all(&vm_dir).await {
-                    if c.kind() != io::ErrorKind::NotFound {
-                        return Err(CreateSandboxError::WithCleanup {
-                            id: spec.id.clone(),
-                            error: Box::new(e),
-                            cleanup: format!("remove {}: {c}", vm_dir.display()),
-                        });
-                    }
-                }
-                Err(e)
-            }
+            // QEMU is gone (killed on the error paths or on drop); remove its files.
+            Err(e) => Err(vm::cleanup_failed_create(&spec.id, &vm_dir, e).await),
         }
     }
 
     async fn destroy(&self, sandbox: &MicroVmSandbox) -> Result<(), DestroySandboxError> {
-        sandbox
-            .vm
-            .kill()
-            .await
-            .map_err(|what| DestroySandboxError::Io {
-                id: sandbox.id.clone(),
-                what,
-                source: io::Error::from(io::ErrorKind::TimedOut),
-            })?;
-        match tokio::fs::remove_dir_all(&sandbox.vm_dir).await {
-            Ok(()) => Ok(()),
-            Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(()),
-            Err(source) => Err(DestroySandboxError::Io {
-                id: sandbox.id.clone(),
-                what: format!("remove {}", sandbox.vm_dir.display()),
-                source,
-            }),
-        }
+        vm::destroy_vm(&sandbox.id, &sandbox.vm, &sandbox.vm_dir).await
     }
 
     async fn reap_orphans(&self, _known_live: &[String]) -> Vec<String> {

@@ -668,3 +668,55 @@ impl Vm {
         result
     }
 }
+
+/// A sandbox running on a [`Vm`]: a microVM or a full VM. Both substrates share the VM's life
+/// (boot, pause by snapshot, resume, kill); the edge drives them through this.
+pub trait VmSandbox: crate::substrate::Sandbox {
+    fn vm(&self) -> &Vm;
+    /// The VM's directory on the host (disks, sockets, console log, snapshot).
+    fn vm_dir(&self) -> &Path;
+}
+
+/// The destroy of both VM substrates: kills QEMU (or forgets the snapshot of a paused VM) and
+/// removes the VM's directory (disks, sockets, snapshot). Idempotent.
+pub async fn destroy_vm(
+    id: &str,
+    vm: &Vm,
+    vm_dir: &Path,
+) -> Result<(), crate::substrate::DestroySandboxError> {
+    use crate::substrate::DestroySandboxError;
+    vm.kill().await.map_err(|what| DestroySandboxError::Io {
+        id: id.to_string(),
+        what,
+        source: io::Error::from(io::ErrorKind::TimedOut),
+    })?;
+    match tokio::fs::remove_dir_all(vm_dir).await {
+        Ok(()) => Ok(()),
+        Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(()),
+        Err(source) => Err(DestroySandboxError::Io {
+            id: id.to_string(),
+            what: format!("remove {}", vm_dir.display()),
+            source,
+        }),
+    }
+}
+
+/// After a failed create of either VM substrate (QEMU already gone: killed on the error paths
+/// or on drop): removes the VM's directory and returns the error to report (with the cleanup's
+/// failure, if any).
+pub async fn cleanup_failed_create(
+    id: &str,
+    vm_dir: &Path,
+    e: crate::substrate::CreateSandboxError,
+) -> crate::substrate::CreateSandboxError {
+    match tokio::fs::remove_dir_all(vm_dir).await {
+        Err(c) if c.kind() != io::ErrorKind::NotFound => {
+            crate::substrate::CreateSandboxError::WithCleanup {
+                id: id.to_string(),
+                error: Box::new(e),
+                cleanup: format!("remove {}: {c}", vm_dir.display()),
+            }
+        }
+        _ => e,
+    }
+}
