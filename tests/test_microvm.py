@@ -303,14 +303,19 @@ def test_microvm_hostname_and_refusals(vm_ok, client):
     sb = client.run_microvm(DSecMicroVMRunArgs(container_image="busybox", hostname="guest-1"), timeout=300)
     try:
         assert sh(sb, "hostname").strip() == "guest-1"
-        # per-command env works; a sandbox-wide env is refused (not silently dropped)
+        # per-command env works
         assert sb.run_shell('echo "$FOO"', env={"FOO": "it's here"}).stdout.strip() == "it's here"
     finally:
         stop_quietly(sb)
-    with pytest.raises(dsec.BadRequest, match="env"):
-        client.run_microvm(DSecMicroVMRunArgs(container_image="busybox", env={"FOO": "x"}), timeout=300)
-    with pytest.raises(dsec.BadRequest, match="init_user"):
-        client.run_microvm(DSecMicroVMRunArgs(container_image="busybox", init_user="nobody"), timeout=300)
+    # a sandbox-wide env reaches every command (aether --env-file in the guest)
+    sb = client.run_microvm(DSecMicroVMRunArgs(container_image="busybox", env={"FOO": "x y", "BAR": "1"}), timeout=300)
+    try:
+        assert sh(sb, 'echo "$FOO|$BAR"').strip() == "x y|1"
+    finally:
+        stop_quietly(sb)
+    # a user the image does not have: the create fails saying so, no VM is left running
+    with pytest.raises(dsec.DSecError, match="no-such-user"):
+        client.run_microvm(DSecMicroVMRunArgs(container_image="busybox", init_user="no-such-user"), timeout=300)
 
 
 def test_microvm_whose_qemu_dies_is_reported_and_cleaned(vm_ok, client, node):

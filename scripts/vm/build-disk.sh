@@ -147,7 +147,7 @@ TIMEOUT 1
 LABEL dsec
     LINUX /boot/vmlinuz
     INITRD /boot/initrd.img
-    APPEND root=/dev/vda1 rw console=ttyS0 panic=-1 quiet loglevel=4 init=/usr/local/sbin/dsec-init
+    APPEND root=/dev/vda1 rw console=ttyS0 panic=-1 quiet loglevel=4 no_timer_check init=/usr/local/sbin/dsec-init
 EOF
 echo 'dsec-vm' > "$mnt/etc/hostname"
 printf '/dev/vda1 / ext4 rw 0 1\n' > "$mnt/etc/fstab"

@@ -192,5 +192,13 @@ chmod 0755 /newroot/.dsec/aether
 [ -f /dsec-hostname ] && hostname "$(cat /dsec-hostname)"
 [ -f /dsec-env ] && . /dsec-env
 
+# The sandbox user and sandbox-wide environment reach aether as --user / --env-file (the
+# environment file lives on aether's own tmpfs, readable by root only).
+set -- --mode bare --fd 3
+[ -s /dsec-user ] && set -- "$@" --user "$(cat /dsec-user)"
+if [ -f /dsec-environ ]; then
+    cp /dsec-environ /newroot/.dsec/environ && chmod 0600 /newroot/.dsec/environ || fail "copy /dsec-environ"
+    set -- "$@" --env-file /.dsec/environ
+fi
 t "root ready, starting aether on $port"
-exec switch_root /newroot /.dsec/aether --mode bare --fd 3
+exec switch_root /newroot /.dsec/aether "$@"

@@ -40,7 +40,7 @@ pub use qemu::{DirectBoot, PcMachine};
 
 /// The kernel command line of a direct kernel boot when the image has no `<stem>.cmdline`.
 pub const DEFAULT_CMDLINE: &str =
-    "root=/dev/vda1 rw console=ttyS0 panic=-1 quiet loglevel=4 init=/usr/local/sbin/dsec-init";
+    "root=/dev/vda1 rw console=ttyS0 panic=-1 quiet loglevel=4 no_timer_check init=/usr/local/sbin/dsec-init";
 
 /// Configuration of the full-VM substrate.
 #[derive(Debug, Clone)]

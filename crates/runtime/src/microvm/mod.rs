@@ -447,6 +447,16 @@ impl MicroVmSubstrate {
             env.push_str(&format!("export {k}={}\n", cpio::shell_quote(v)));
         }
         let hostname = format!("{}\n", spec.hostname);
+        // aether's --env-file (KEY=VALUE, NUL-ended) and --user (empty: root).
+        let mut environ = Vec::new();
+        for (k, v) in &spec.env {
+            environ.extend_from_slice(format!("{k}={v}").as_bytes());
+            environ.push(0);
+        }
+        let user = match spec.user.as_str() {
+            "root" | "0" => "",
+            u => u,
+        };
         let mut out = cpio::archive(&[
             cpio::Entry {
                 name: "dsec-aether",
@@ -463,6 +473,16 @@ impl MicroVmSubstrate {
                 mode: 0o644,
                 data: hostname.as_bytes(),
             },
+            cpio::Entry {
+                name: "dsec-environ",
+                mode: 0o600,
+                data: &environ,
+            },
+            cpio::Entry {
+                name: "dsec-user",
+                mode: 0o644,
+                data: user.as_bytes(),
+            },
         ]);
         out.extend_from_slice(&base);
         let path = vm_dir.join("initrd.img");
@@ -475,19 +495,8 @@ impl MicroVmSubstrate {
         spec: &SandboxSpec,
         vm_dir: &Path,
     ) -> Result<MicroVmSandbox, CreateSandboxError> {
-        if spec.user != "root" && spec.user != "0" {
-            return Err(CreateSandboxError::InvalidSpec(format!(
-                "init_user {:?}: microVM sandboxes run commands as root only (for now)",
-                spec.user
-            )));
-        }
-        if !spec.env.is_empty() {
-            // aether in bare mode starts commands with an empty base environment; the guest's
-            // /init exports /dsec-env, but aether does not pass it on yet.
-            return Err(CreateSandboxError::InvalidSpec(
-                "env: sandbox-wide environment variables are not supported for microVM sandboxes yet; pass env per command".into(),
-            ));
-        }
+        // init_user and env reach aether through the initramfs (/dsec-user, /dsec-environ):
+        // the guest's /init passes them as --user / --env-file.
         self.config
             .check_guest()
             .map_err(CreateSandboxError::InvalidSpec)?;

@@ -155,7 +155,7 @@ pub fn command_line(a: &QemuArgs<'_>) -> Vec<String> {
     ]);
     push(&["-nodefaults", "-no-user-config", "-nographic", "-no-reboot"]);
     let mut append = format!(
-        "console=ttyS0 panic=-1 quiet loglevel=4 random.trust_cpu=on dsec.nlayers={}",
+        "console=ttyS0 panic=-1 quiet loglevel=4 random.trust_cpu=on no_timer_check dsec.nlayers={}",
         a.layers.len()
     );
     if a.balloon {

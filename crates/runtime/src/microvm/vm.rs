@@ -241,6 +241,10 @@ impl Vm {
         let relay = Relay::start(edge_r, edge_w, stream, Vec::new(), intentional.clone());
         let ready = tokio::select! {
             r = tokio::time::timeout(boot_timeout, aether.wait_ready()) => match r {
+                // aether reports a setup problem (e.g. an unknown init_user) instead of Ready.
+                Ok(Ok(dsec_wire::aether::Reply::Error(e))) => {
+                    Err(format!("the guest's aether refused to start: {}", e.message))
+                }
                 Ok(Ok(_)) => Ok(()),
                 Ok(Err(e)) => Err(format!("the guest's channel closed before Ready: {e}")),
                 Err(_) => Err(format!("the guest sent no Ready within {boot_timeout:?}")),
