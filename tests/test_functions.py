@@ -14,7 +14,7 @@ import tempfile
 import httpx
 import pytest
 
-from helpers import dsec_cgroups, mounts_under
+from helpers import dsec_cgroups, mounts_under, wait_until
 
 
 def call(client, language, code, **kw):
@@ -63,6 +63,10 @@ echo pwd=$(pwd)
 """)
     assert first.status == "ok", first
     assert "WROTE_ETC" not in first.stdout, "a call could write into the image"
+    # A call is answered before its worker's cleanup ends; the worker rejoins the pool (as the
+    # most recently released, which the next call takes) once the cleanup is confirmed.
+    assert wait_until(lambda: all(p["busy"] == 0 for p in client.function_pools() if p["language"] == "bash"), 10), \
+        client.function_pools()
     second = call(client, "bash", """
 ls -A
 for f in /tmp/leak.txt /dev/shm/leak.txt /var/tmp/leak.txt /etc/leak; do [ -e $f ] && echo FOUND $f; done

@@ -208,9 +208,19 @@ impl WorkerFactory {
         match start_server(&sandbox).await {
             Ok((conn, server)) => {
                 let mem = MemFiles::new(self.substrate.cgroup_root(), sandbox.cgroup());
+                // aether starts a `default` shell session in every container ahead of its
+                // first call; a worker has no use for it (and it must not be taken for the
+                // fork-server): end it. Were it started after this, the first call's sweep
+                // removes it as a stray.
+                let close = Request::CloseSession {
+                    session: "default".into(),
+                };
+                if let Ok(c) = sandbox.aether().call(close, Bytes::new()).await {
+                    let _ = dsec_runtime::aether_client::collect(c).await;
+                }
                 let server_pid = user_pids(&sandbox)
                     .into_iter()
-                    .find(|p| *p != sandbox.pid());
+                    .find(|p| *p != sandbox.pid() && is_forkserver(*p));
                 let oom_seen = sandbox.cgroup().oom_kills().unwrap_or(0);
                 Ok(Worker {
                     id,
@@ -548,6 +558,13 @@ fn user_pids(sandbox: &ContainerSandbox) -> Vec<i32> {
         .and_then(|f| std::fs::read_to_string(f).ok())
         .map(|s| s.lines().filter_map(|l| l.trim().parse().ok()).collect())
         .unwrap_or_default()
+}
+
+/// Whether host pid `pid` runs the fork-server (`python3 -I -c <server> <socket>`).
+fn is_forkserver(pid: i32) -> bool {
+    std::fs::read(format!("/proc/{pid}/cmdline"))
+        .map(|c| c.starts_with(b"python3\0-I\0-c\0"))
+        .unwrap_or(false)
 }
 
 /// A host process's pid in its own (innermost) pid namespace (`NSpid` of its status).
