@@ -141,15 +141,19 @@ def test_agent_killed_mid_run_replays_to_identical_state(node, client, debian, t
         assert p.returncode == 0, err
         ref_secs = time.monotonic() - t0
 
-        # The victim: SIGKILL at a random moment in the middle of the run, then restart it.
+        # The victim: SIGKILL at a random point in the middle of the run (after a random step
+        # between 10 and 40 was answered, plus a random fraction of a step's time, so the kill
+        # can also land while a call is in flight), then restart it.
         p = _agent(node, victim.id, str(tmp_path / "v1.json"), tmp_path)
         assert json.loads(p.stdout.readline())["attached"]
-        kill_at = random.uniform(0.25, 0.75) * ref_secs
-        time.sleep(kill_at)
+        kill_after = random.randint(10, 40)
+        while json.loads(p.stdout.readline()).get("step", 0) < kill_after:
+            pass
+        time.sleep(random.uniform(0, ref_secs / 50))
         p.send_signal(signal.SIGKILL)
         p.wait(timeout=30)
         before = victim.last_step()
-        print(f"killed the agent after {kill_at:.2f}s of ~{ref_secs:.2f}s; edge: {before}")
+        print(f"killed the agent after step {kill_after} of 50 (~{ref_secs:.2f}s per run); edge: {before}")
         assert before["last_completed_step"] is not None and before["last_completed_step"] < 50, before
 
         p = _agent(node, victim.id, str(tmp_path / "v2.json"), tmp_path)
