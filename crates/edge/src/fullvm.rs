@@ -26,12 +26,17 @@ pub fn valid_name(name: &str) -> bool {
             .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-'))
 }
 
+/// Where `dsec vm image import` registers images (`<data_dir>/vm-images`).
+pub fn registered_dir(data_dir: &Path) -> PathBuf {
+    data_dir.join("vm-images")
+}
+
 /// The directories searched for `<name>.qcow2`, in order.
 pub fn image_dirs(data_dir: &Path) -> Vec<PathBuf> {
     let cache = std::env::var_os("DSEC_CACHE")
         .map(PathBuf::from)
         .unwrap_or_else(|| PathBuf::from("/var/cache/dsec"));
-    vec![data_dir.join("vm-images"), cache.join("vm")]
+    vec![registered_dir(data_dir), cache.join("vm")]
 }
 
 /// Resolves a VM image name to its disk file.
@@ -97,14 +102,7 @@ pub fn not_readopted(sandbox_dir: &Path) -> String {
 pub fn driver() -> Result<Arc<dyn Driver>, String> {
     let config = FullVmConfig::from_env();
     for bin in [&config.qemu_binary, &config.qemu_img] {
-        let found = if bin.is_absolute() {
-            bin.is_file()
-        } else {
-            std::env::var_os("PATH")
-                .map(|p| std::env::split_paths(&p).any(|d| d.join(bin).is_file()))
-                .unwrap_or(false)
-        };
-        if !found {
+        if !crate::microvm::installed(bin) {
             return Err(format!(
                 "{} is not installed: run scripts/install-deps.sh (qemu-system-x86, qemu-utils)",
                 bin.display()

@@ -40,6 +40,16 @@ pub fn blob_dir_of(describe: &str) -> Option<PathBuf> {
     (!dir.is_empty()).then(|| PathBuf::from(dir))
 }
 
+/// Whether `bin` (a path, or a name looked up in `PATH`) is an installed file.
+pub fn installed(bin: &std::path::Path) -> bool {
+    if bin.is_absolute() {
+        return bin.is_file();
+    }
+    std::env::var_os("PATH")
+        .map(|p| std::env::split_paths(&p).any(|d| d.join(bin).is_file()))
+        .unwrap_or(false)
+}
+
 /// The driver if the guest is built and QEMU is installed, else why not (for the 501).
 pub fn driver(aether_path: PathBuf, blob_store: &str) -> Result<Arc<dyn Driver>, String> {
     let config = MicroVmConfig::from_env(
@@ -49,14 +59,7 @@ pub fn driver(aether_path: PathBuf, blob_store: &str) -> Result<Arc<dyn Driver>,
     );
     config.check_guest()?;
     let qemu = &config.qemu_binary;
-    let found = if qemu.is_absolute() {
-        qemu.is_file()
-    } else {
-        std::env::var_os("PATH")
-            .map(|p| std::env::split_paths(&p).any(|d| d.join(qemu).is_file()))
-            .unwrap_or(false)
-    };
-    if !found {
+    if !installed(qemu) {
         return Err(format!(
             "{} is not installed: run scripts/install-deps.sh (qemu-system-x86)",
             qemu.display()

@@ -485,18 +485,11 @@ fn prepare(a: &PrepareArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// Checks a VM image name: 1-64 of `[A-Za-z0-9._-]`, not starting with `.` or `-`.
-pub fn valid_name(name: &str) -> bool {
-    !name.is_empty()
-        && name.len() <= 64
-        && !name.starts_with(['.', '-'])
-        && name
-            .bytes()
-            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-'))
-}
+// The same name rule as the edge that looks the images up.
+use dsec_edge::fullvm::valid_name;
 
 fn images_dir(d: &VmDirArgs) -> PathBuf {
-    d.data_dir.join("vm-images")
+    dsec_edge::fullvm::registered_dir(&d.data_dir)
 }
 
 fn import(a: &VmImportArgs) -> anyhow::Result<()> {
