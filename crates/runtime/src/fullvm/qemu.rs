@@ -2,7 +2,7 @@
 
 use std::path::Path;
 
-use crate::microvm::qemu::esc;
+use crate::microvm::qemu::{control_args, esc};
 use crate::microvm::Accel;
 
 /// The PC machine type: `q35` (PCIe, the default) or `pc` (i440FX).
@@ -87,20 +87,12 @@ pub fn command_line(a: &FullVmArgs<'_>) -> Vec<String> {
         "virtio-blk-pci,drive=disk0,bootindex=0"
     };
     push(&["-drive", &drive, "-device", dev]);
-    let chan = format!(
-        "socket,id=aether,path={},server=on,wait=off",
-        esc(a.aether_socket)
-    );
-    push(&[
-        "-device",
+    v.extend(control_args(
         "virtio-serial-pci",
-        "-chardev",
-        &chan,
-        "-device",
-        "virtserialport,chardev=aether,name=dsec.aether",
-    ]);
-    let qmp = format!("unix:{},server=on,wait=off", esc(a.qmp_socket));
-    push(&["-qmp", &qmp, "-pidfile", &esc(a.pidfile)]);
+        a.aether_socket,
+        a.qmp_socket,
+        a.pidfile,
+    ));
     v
 }
 

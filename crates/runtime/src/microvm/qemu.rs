@@ -233,22 +233,39 @@ pub fn command_line(a: &QemuArgs<'_>) -> Vec<String> {
         );
         push(&["-device", &dev]);
     }
-    let serial = a.machine.dev("virtio-serial");
-    let chan = format!(
-        "socket,id=aether,path={},server=on,wait=off",
-        esc(a.aether_socket)
-    );
-    push(&[
-        "-device",
-        &serial,
-        "-chardev",
-        &chan,
-        "-device",
-        "virtserialport,chardev=aether,name=dsec.aether",
-    ]);
-    let qmp = format!("unix:{},server=on,wait=off", esc(a.qmp_socket));
-    push(&["-qmp", &qmp, "-pidfile", &esc(a.pidfile)]);
+    v.extend(control_args(
+        &a.machine.dev("virtio-serial"),
+        a.aether_socket,
+        a.qmp_socket,
+        a.pidfile,
+    ));
     v
+}
+
+/// The arguments every VM of ours ends with: the aether channel (virtio-serial port
+/// `dsec.aether` on a unix socket the edge connects to, through `serial_device`), the QMP
+/// socket and the pidfile.
+pub(crate) fn control_args(
+    serial_device: &str,
+    aether_socket: &Path,
+    qmp_socket: &Path,
+    pidfile: &Path,
+) -> Vec<String> {
+    vec![
+        "-device".into(),
+        serial_device.into(),
+        "-chardev".into(),
+        format!(
+            "socket,id=aether,path={},server=on,wait=off",
+            esc(aether_socket)
+        ),
+        "-device".into(),
+        "virtserialport,chardev=aether,name=dsec.aether".into(),
+        "-qmp".into(),
+        format!("unix:{},server=on,wait=off", esc(qmp_socket)),
+        "-pidfile".into(),
+        esc(pidfile),
+    ]
 }
 
 #[cfg(test)]
