@@ -64,7 +64,9 @@ pub async fn prepare(
             "disk_limit_mb must be 16..={MAX_DISK_MB} (MiB)"
         )));
     }
-    if disk_mb > 0 {
+    // A VM's writable layer is its own disk image, sized from the same limit by the substrate;
+    // the host-side loop file system is for containers only.
+    if disk_mb > 0 && req.substrate == dsec_wire::api::Substrate::Container {
         let d = dir.to_path_buf();
         let bps = cfg.disk_bps_limit_mb.saturating_mul(1 << 20);
         tokio::task::spawn_blocking(move || crate::disk::prepare(&d, disk_mb, bps))
