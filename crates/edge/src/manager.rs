@@ -444,30 +444,21 @@ impl Manager {
 
     /// The driver for a validated create request's substrate.
     fn driver_for(&self, substrate: Substrate) -> Result<Arc<dyn Driver>, EdgeError> {
-        match substrate {
-            Substrate::Vm => match self.fullvm.get() {
-                Some(Ok(d)) => Ok(d.clone()),
-                Some(Err(why)) => Err(EdgeError::Unsupported(format!(
-                    "full-VM sandboxes are not available on node {}: {why}",
-                    self.cfg.node_id
-                ))),
-                None => Err(EdgeError::Unsupported(format!(
-                    "full-VM sandboxes are not available on node {}",
-                    self.cfg.node_id
-                ))),
-            },
-            Substrate::Microvm => match self.microvm.get() {
-                Some(Ok(d)) => Ok(d.clone()),
-                Some(Err(why)) => Err(EdgeError::Unsupported(format!(
-                    "microVM sandboxes are not available on node {}: {why}",
-                    self.cfg.node_id
-                ))),
-                None => Err(EdgeError::Unsupported(format!(
-                    "microVM sandboxes are not available on node {}",
-                    self.cfg.node_id
-                ))),
-            },
-            _ => Ok(self.driver.clone()),
+        let (slot, what) = match substrate {
+            Substrate::Vm => (&self.fullvm, "full-VM"),
+            Substrate::Microvm => (&self.microvm, "microVM"),
+            _ => return Ok(self.driver.clone()),
+        };
+        match slot.get() {
+            Some(Ok(d)) => Ok(d.clone()),
+            Some(Err(why)) => Err(EdgeError::Unsupported(format!(
+                "{what} sandboxes are not available on node {}: {why}",
+                self.cfg.node_id
+            ))),
+            None => Err(EdgeError::Unsupported(format!(
+                "{what} sandboxes are not available on node {}",
+                self.cfg.node_id
+            ))),
         }
     }
 
