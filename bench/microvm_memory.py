@@ -34,26 +34,13 @@ sys.path.insert(0, str(ROOT / "sdk" / "python"))
 sys.path.insert(0, str(ROOT / "tests"))
 from dsec import DSecMicroVMRunArgs  # noqa: E402
 from helpers import DsecUp, new_data_dir, remove_data_dir  # noqa: E402
+from vmfixture import qemu_pids_for as qemu_pids  # noqa: E402
 
 CACHE = Path(os.environ.get("DSEC_CACHE", "/var/cache/dsec"))
 DEBIAN_TAR = CACHE / "debian-bookworm.tar"
 PMEM_DIR = CACHE / "pmem-layers"
 TASK = ("python3 -c 'import json, email, email.parser, http.client, xml.dom.minidom, sqlite3, "
         "decimal, argparse, logging, urllib.request; print(json.dumps({\"ok\": 1}))'")
-
-
-def qemu_pids(fragment: str):
-    out = []
-    for p in Path("/proc").iterdir():
-        if not p.name.isdigit():
-            continue
-        try:
-            cmd = (p / "cmdline").read_bytes().split(b"\0")
-        except OSError:
-            continue
-        if cmd and b"qemu-system" in cmd[0] and any(fragment.encode() in a for a in cmd):
-            out.append(int(p.name))
-    return out
 
 
 def rollup(pid: int) -> dict:
