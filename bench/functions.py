@@ -6,6 +6,8 @@ Needs a running dsec (DSEC_API_URL / DSEC_API_KEY) with the `debian` image (and,
 toolkit layer with g++: see tests/test_functions.py::_gxx_toolkit). Cases, in one run:
 - warm python `print(sum(range(100)))`: latency (sequential, end to end through the apiserver)
   and sustained calls/s (`--conc` concurrent clients);
+- warm python through one batch request (`call_functions`, POST /v1/functions/batch): calls/s
+  with the batch's own bounded concurrency, the way a verifier submits a rollout's rewards;
 - warm C++ compile-and-run of a small program;
 - cold baseline 1: a fresh `bwrap --unshare-all` + `python3 -c` per call (local, no HTTP);
 - cold baseline 2: a fresh container sandbox per call via create / run_shell / stop (HTTP).
@@ -174,6 +176,17 @@ async def main():
             data["cpu_ms_per_call_concurrent"] = cpu_per_call(cpu0, cpu_now(a.dsec_pid, a.node_id), a.n * 4)
         rows.append(summary(f"warm python, {a.conc} concurrent", lat))
         data["warm_python_calls_per_s"] = round(rate, 1)
+        batch_rate = None
+        for bc in sorted({2, a.conc // 2 or 1, a.conc}):
+            calls = [{"language": "python", "code": PY} for _ in range(a.n * 4)]
+            t0 = time.perf_counter()
+            res = await c.call_functions(calls, concurrency=bc)
+            r_ = len(calls) / (time.perf_counter() - t0)
+            bad = [x for x in res if getattr(x, "status", None) != "ok" or x.stdout.strip() != "4950"]
+            assert not bad, bad[:3]
+            data[f"warm_python_batch_calls_per_s_conc{bc}"] = round(r_, 1)
+            batch_rate = max(batch_rate or 0.0, r_)
+        data["warm_python_batch_calls_per_s"] = round(batch_rate, 1)
         cpp = None
         try:
             await c.call_function("cpp", CPP, toolkits=[a.toolkit])
@@ -195,7 +208,10 @@ async def main():
             print(f"{k}: {v}")
         if bw:
             print(f"warm/cold(bwrap) throughput: {rate / bw_rate:.1f}x (both {a.conc} concurrent)")
+            print(f"warm batch/cold(bwrap) throughput: {batch_rate / bw_rate:.1f}x")
         print(f"warm/cold(container) throughput: {rate / cc_rate:.1f}x (both {a.conc} concurrent)")
+        print("reproduce: python3 bench/functions.py " + " ".join(
+            f"--{k.replace('_', '-')} {v}" for k, v in (("n", a.n), ("conc", a.conc), ("cold_n", a.cold_n))))
         write_results("functions", {"rows": rows, **data})
 
 

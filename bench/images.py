@@ -256,6 +256,7 @@ def main():
 
         run_burst(one, n)
         subprocess.run(["sync"], check=True)
+        print(f"case a: monotonic {t0:.3f} .. {time.monotonic():.3f}", file=sys.stderr)
         results["a_on_demand"] = {"wall_s": time.monotonic() - t0, "store_read": storedisk.stat()[0] - r0,
                                   "local_written": local.stat()[1] - w0}
         c.close()
@@ -282,6 +283,7 @@ def main():
         uppers = os.path.join(local.mnt, "uppers-b")
         run_burst(lambda k: chroot_run([dirs["toolkit"], dirs[f"ws{k % N_IMAGES}"], dirs["base"]], uppers, k), n)
         subprocess.run(["sync"], check=True)
+        print(f"case b: monotonic {t0:.3f} .. {time.monotonic():.3f}", file=sys.stderr)
         results["b_cold_full_pull"] = {"wall_s": time.monotonic() - t0, "store_read": storedisk.stat()[0] - r0,
                                        "local_written": local.stat()[1] - w0}
 
@@ -306,6 +308,7 @@ def main():
 
         run_burst(extract_and_run, n)
         subprocess.run(["sync"], check=True)
+        print(f"case c: monotonic {t0:.3f} .. {time.monotonic():.3f}", file=sys.stderr)
         results["c_per_sandbox_tar"] = {"wall_s": time.monotonic() - t0, "store_read": storedisk.stat()[0] - r0,
                                         "local_written": local.stat()[1] - w0}
 
