@@ -18,7 +18,9 @@ HERE=$(cd "$(dirname "$0")" && pwd)
 ROOT_TAR=${DSEC_ROOT_TAR:-$CACHE/debian-bookworm.tar}
 DSEC=${DSEC_BIN:-$HERE/../../target/release/dsec}
 SIZE_MB=${DSEC_DISK_MB:-1536}
-MODULES=(virtio_pci virtio_blk virtio_console)
+# qemu_fw_cfg + virtio_net: a networked VM's NIC and its configuration (fw_cfg opt/dsec/net,
+# see crates/runtime/src/fullvm/qemu.rs); virtio_net is loaded only when that item exists.
+MODULES=(virtio_pci virtio_blk virtio_console qemu_fw_cfg virtio_net)
 
 # Rebuilt when this script, the root tarball or the aether binary (it is baked in) changed.
 AETHER=${DSEC_AETHER:-$(dirname "$DSEC")/dsec-aether}
@@ -64,7 +66,7 @@ mdir=$work/k/lib/modules/$kver
 R=$work/initrd
 mkdir -p "$R"/{bin,dev,proc,sys,newroot,lib/modules/"$kver"}
 cp "$BUSYBOX" "$R/bin/busybox"
-for a in sh mount umount mkdir insmod switch_root cat sleep echo seq; do ln -s busybox "$R/bin/$a"; done
+for a in sh mount umount mkdir insmod switch_root cat sleep echo seq ip rm printf; do ln -s busybox "$R/bin/$a"; done
 declare -A seen=()
 order=()
 add_mod() {
@@ -104,7 +106,45 @@ fail() { echo "dsec-initrd: $*"; echo "dsec-initrd: FAILED"; exit 1; }
 mount -t proc proc /proc
 mount -t sysfs sysfs /sys
 mount -t devtmpfs devtmpfs /dev
-while read -r m; do insmod "$m" || fail "insmod $m"; done < /modules.order
+netcfg_file=/sys/firmware/qemu_fw_cfg/by_name/opt/dsec/net/raw
+while read -r m; do
+    case $m in
+        # The NIC's drivers only for a VM with network (its fw_cfg item, qemu_fw_cfg is earlier).
+        */failover.ko|*/net_failover.ko|*/virtio_net.ko) [ -f $netcfg_file ] || continue ;;
+    esac
+    insmod "$m" || fail "insmod $m"
+done < /modules.order
+# A networked VM (fw_cfg item IPV4,GATEWAY,IPV6|-,MTU,MAC): the sandbox's own address as a /32
+# (/128) behind the gateway, which is also the edge's DNS proxy; the host side filters.
+netcfg=
+[ -f $netcfg_file ] && netcfg=$(cat $netcfg_file)
+if [ -n "$netcfg" ]; then
+    ifs=$IFS; IFS=,
+    # shellcheck disable=SC2086
+    set -- $netcfg
+    IFS=$ifs
+    n4=$1 ngw=$2 n6=$3 nmtu=$4 nmac=$5
+    nif=
+    for t in $(seq 1 500); do
+        for l in /sys/class/net/*; do
+            [ "$(cat "$l/address" 2>/dev/null)" = "$nmac" ] && nif=${l##*/}
+        done
+        [ -n "$nif" ] && break
+        sleep 0.01
+    done
+    [ -n "$nif" ] || fail "no network interface with MAC $nmac"
+    echo 0 > "/proc/sys/net/ipv6/conf/$nif/accept_dad" 2>/dev/null
+    ip link set lo up
+    ip link set "$nif" mtu "$nmtu" up || fail "bring $nif up"
+    ip addr add "$n4/32" dev "$nif" || fail "address $n4"
+    ip route add "$ngw/32" dev "$nif" || fail "route to $ngw"
+    ip route add default via "$ngw" dev "$nif" || fail "default route"
+    if [ "$n6" != - ]; then
+        ip -6 addr add "$n6/128" dev "$nif" || fail "address $n6"
+        ip -6 route add default via fe80::1 dev "$nif" || fail "IPv6 default route"
+    fi
+    echo "dsec-initrd: network $nif $n4 via $ngw"
+fi
 root=; init=/sbin/init; rootfstype=ext4; ro=rw
 for a in $(cat /proc/cmdline); do
     case $a in
@@ -118,6 +158,11 @@ done
 for t in $(seq 1 500); do [ -b "$root" ] && break; sleep 0.01; done
 [ -b "$root" ] || fail "root device $root did not appear"
 mount -t "$rootfstype" -o "$ro" "$root" /newroot || fail "mount $root"
+if [ -n "$netcfg" ] && [ "$ro" = rw ]; then
+    rm -f /newroot/etc/resolv.conf
+    printf '# written by dsec: the edge DNS proxy answers only allowed names\nnameserver %s\noptions attempts:1 timeout:1\n' "$ngw" \
+        > /newroot/etc/resolv.conf || fail "write /etc/resolv.conf"
+fi
 mount --move /dev /newroot/dev 2>/dev/null || umount /dev
 umount /sys
 umount /proc

@@ -13,7 +13,8 @@ OUT=$CACHE/guest
 INIT_SRC=$(cd "$(dirname "$0")" && pwd)/init.sh
 # ext4 (the writable disk) is built into Debian's cloud kernel. virtio_balloon: free page
 # reporting; virtio_pmem + nd_pmem: read-only layers mapped with DAX from the host's page cache.
-MODULES=(virtio_mmio virtio_pci virtio_blk virtio_console erofs overlay virtio_balloon virtio_pmem nd_pmem)
+# virtio_net (with failover, net_failover): the NIC of VMs with network mode allowlist/open.
+MODULES=(virtio_mmio virtio_pci virtio_blk virtio_console erofs overlay virtio_balloon virtio_pmem nd_pmem virtio_net)
 
 # Rebuild when the /init script changed since the last build.
 stamp=$(cat "$INIT_SRC" "$0" | sha256sum | cut -c1-16)
@@ -60,7 +61,7 @@ depmod -b "$work/k" "$kver"
 R=$work/root
 mkdir -p "$R"/{bin,dev,proc,sys,newroot,layers,rw,lib/modules/"$kver"}
 cp "$BUSYBOX" "$R/bin/busybox"
-for a in sh mount umount mkdir insmod modprobe switch_root cat ls sleep echo hostname cp chmod ln dd seq cut sync tr readlink; do
+for a in sh mount umount mkdir insmod modprobe switch_root cat ls sleep echo hostname cp chmod ln dd seq cut sync tr readlink ip rm printf; do
     ln -s busybox "$R/bin/$a"
 done
 install -m 0755 "$INIT_SRC" "$R/init"

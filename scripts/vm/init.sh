@@ -3,6 +3,9 @@
 # a read-only virtio disk with serial dsec-m<i> (EROFS metadata image) and, when the layer keeps
 # its data in a separate blob, one with serial dsec-b<i>. Kernel command line:
 #   dsec.nlayers=N   number of layers
+#   dsec.net=IPV4,GATEWAY,IPV6|-,MTU,MAC   the NIC's configuration (only with a NIC: network
+#                    mode allowlist/open; the sandbox's address and its default gateway, which
+#                    is also the edge's DNS proxy; see crates/runtime/src/microvm/net.rs)
 # The root is an overlay of the layers whose upper/work directories live on the per-VM writable
 # disk (serial dsec-upper: a raw ext4 image on the host; tmpfs when there is none); aether (prepended to the initramfs by
 # the edge as /dsec-aether, with the sandbox's env in /dsec-env) becomes PID 1 of the new root
@@ -31,11 +34,13 @@ mount -t devtmpfs devtmpfs /dev || fail "mount /dev"
 mmio=
 pmem=
 balloon=
+netcfg=
 for a in $(cat /proc/cmdline); do
     case $a in
         virtio_mmio.device=*) mmio="$mmio device=${a#virtio_mmio.device=}" ;;
         dsec.pmem=*) pmem=1 ;;
         dsec.balloon=1) balloon=1 ;;
+        dsec.net=*) netcfg=${a#dsec.net=} ;;
     esac
 done
 while read -r m; do
@@ -44,11 +49,45 @@ while read -r m; do
         */libnvdimm.ko|*/nd_btt.ko|*/nd_pmem.ko|*/nd_virtio.ko|*/virtio_pmem.ko)
             [ -n "$pmem" ] && { insmod "$m" || fail "insmod $m"; } ;;
         */virtio_balloon.ko) [ -n "$balloon" ] && { insmod "$m" || fail "insmod $m"; } ;;
+        */failover.ko|*/net_failover.ko|*/virtio_net.ko)
+            [ -n "$netcfg" ] && { insmod "$m" || fail "insmod $m"; } ;;
         *) insmod "$m" || fail "insmod $m" ;;
     esac
 done < /modules.order
 
 t modules-loaded
+# The NIC (found by its MAC): the sandbox's own address as a /32 (/128) behind the gateway,
+# which answers for everything (the host side routes and filters); no DAD (nobody else can
+# hold the address on this link).
+if [ -n "$netcfg" ]; then
+    ifs=$IFS
+    IFS=,
+    # shellcheck disable=SC2086
+    set -- $netcfg
+    IFS=$ifs
+    n4=$1 ngw=$2 n6=$3 nmtu=$4 nmac=$5
+    nif=
+    for t in $(seq 1 500); do
+        for l in /sys/class/net/*; do
+            [ "$(cat "$l/address" 2>/dev/null)" = "$nmac" ] && nif=${l##*/}
+        done
+        [ -n "$nif" ] && break
+        sleep 0.01
+    done
+    [ -n "$nif" ] || fail "no network interface with MAC $nmac"
+    ip link set lo up
+    echo 0 > "/proc/sys/net/ipv6/conf/$nif/accept_dad" 2>/dev/null
+    ip link set "$nif" mtu "$nmtu" || fail "set the MTU of $nif"
+    ip link set "$nif" up || fail "bring $nif up"
+    ip addr add "$n4/32" dev "$nif" || fail "address $n4 on $nif"
+    ip route add "$ngw/32" dev "$nif" || fail "route to $ngw"
+    ip route add default via "$ngw" dev "$nif" || fail "default route via $ngw"
+    if [ "$n6" != - ]; then
+        ip -6 addr add "$n6/128" dev "$nif" || fail "address $n6 on $nif"
+        ip -6 route add default via fe80::1 dev "$nif" || fail "IPv6 default route"
+    fi
+    t "network $nif $n4 via $ngw"
+fi
 n=0
 for a in $(cat /proc/cmdline); do
     case $a in
@@ -190,6 +229,13 @@ mount -t tmpfs -o mode=0755 dsec /newroot/.dsec
 cp /dsec-aether /newroot/.dsec/aether || fail "no /dsec-aether in the initramfs"
 chmod 0755 /newroot/.dsec/aether
 [ -f /dsec-hostname ] && hostname "$(cat /dsec-hostname)"
+if [ -n "$netcfg" ]; then
+    # The edge's DNS proxy answers on the gateway address (only names the sandbox may resolve).
+    mkdir -p /newroot/etc
+    rm -f /newroot/etc/resolv.conf
+    printf '# written by dsec: the edge DNS proxy answers only allowed names\nnameserver %s\noptions attempts:1 timeout:1\n' "$ngw" \
+        > /newroot/etc/resolv.conf || fail "write /etc/resolv.conf"
+fi
 [ -f /dsec-env ] && . /dsec-env
 
 # The sandbox user and sandbox-wide environment reach aether as --user / --env-file (the

@@ -4,7 +4,7 @@
 //! disk image (not an image of the layer store): `<data_dir>/vm-images/<name>.qcow2`
 //! (registered with `dsec vm image import`), else `${DSEC_CACHE:-/var/cache/dsec}/vm/<name>.qcow2`
 //! (built by `scripts/vm/build-disk.sh`). Pause/resume snapshot the VM like a microVM.
-//! What a full VM cannot do is refused: network rules (a VM has no network), sandbox-wide env,
+//! What a full VM cannot do is refused: sandbox-wide env,
 //! a non-root init user, workspaces/toolkits (layers), and `pack` (checked in the manager).
 
 use std::path::{Path, PathBuf};
@@ -134,11 +134,6 @@ impl Driver for FullVmDriver {
         spec: SandboxSpec,
     ) -> BoxFut<'_, Result<Box<dyn LiveSandbox>, CreateSandboxError>> {
         Box::pin(async move {
-            if spec.netns.is_some() {
-                return Err(CreateSandboxError::InvalidSpec(
-                    "network rules are not supported for full-VM sandboxes yet (a VM has no network)".into(),
-                ));
-            }
             if !spec.protected_paths.is_empty() {
                 return Err(CreateSandboxError::InvalidSpec(
                     "protected_paths are not supported for full-VM sandboxes (no Landlock in the guest)".into(),

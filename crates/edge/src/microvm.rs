@@ -89,11 +89,6 @@ impl Driver for MicroVmDriver {
         spec: SandboxSpec,
     ) -> BoxFut<'_, Result<Box<dyn LiveSandbox>, CreateSandboxError>> {
         Box::pin(async move {
-            if spec.netns.is_some() {
-                return Err(CreateSandboxError::InvalidSpec(
-                    "network rules are not supported for microVM sandboxes yet (a VM has no network)".into(),
-                ));
-            }
             let sandbox = self.inner.create(spec).await?;
             Ok(Box::new(VmLive(sandbox)) as Box<dyn LiveSandbox>)
         })

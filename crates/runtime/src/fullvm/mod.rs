@@ -329,6 +329,11 @@ impl FullVmSubstrate {
             qmp_socket: &vm_dir.join("qmp.sock"),
             pidfile: &vm_dir.join("qemu.pid"),
         });
+        let mut args = args;
+        // A NIC on the sandbox's network namespace (microvm/net.rs); config through fw_cfg.
+        if let Some(n) = crate::microvm::net::attach(spec.netns.clone(), vm_dir).await? {
+            args.extend(qemu::network_args(&n));
+        }
         let launch = Launch {
             qemu_binary: self.config.qemu_binary.clone(),
             args,

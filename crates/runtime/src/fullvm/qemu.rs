@@ -96,9 +96,47 @@ pub fn command_line(a: &FullVmArgs<'_>) -> Vec<String> {
     v
 }
 
+/// fw_cfg item holding a networked VM's configuration (read by the disk's initramfs).
+pub const NET_FW_CFG: &str = "opt/dsec/net";
+
+/// The NIC of a networked full VM: the tap and virtio-net device of [`crate::microvm::net`],
+/// and its configuration (`IPV4,GATEWAY,IPV6|-,MTU,MAC`, as a microVM's `dsec.net=`) as the
+/// fw_cfg item [`NET_FW_CFG`]: a firmware-booted guest's kernel command line belongs to its
+/// boot loader, so the configuration cannot travel there.
+pub fn network_args(net: &crate::microvm::net::VmNet) -> Vec<String> {
+    let cfg = crate::microvm::net::kernel_arg(net);
+    let value = cfg.strip_prefix("dsec.net=").unwrap_or(&cfg);
+    let mut v = vec![
+        "-fw_cfg".to_string(),
+        format!("name={NET_FW_CFG},string={}", value.replace(',', ",,")),
+    ];
+    v.extend(crate::microvm::net::qemu_args(net, "virtio-net-pci"));
+    v
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn network_through_fw_cfg() {
+        let ip = std::net::Ipv4Addr::new(10, 201, 0, 9);
+        let net = crate::microvm::net::VmNet {
+            netns: "/run/netns/x".into(),
+            ipv4: ip,
+            gateway: std::net::Ipv4Addr::new(10, 201, 0, 1),
+            ipv6: Some("fd00::9".parse().unwrap()),
+            mtu: 1500,
+            mac: crate::microvm::net::mac_for(ip),
+        };
+        let s = network_args(&net).join(" ");
+        assert!(s.starts_with(
+            "-fw_cfg name=opt/dsec/net,string=10.201.0.9,,10.201.0.1,,fd00::9,,1500,,02:d5:0a:c9:00:09 "
+        ), "{s}");
+        assert!(
+            s.contains("-device virtio-net-pci,netdev=net0,mac=02:d5:0a:c9:00:09,host_mtu=1500")
+        );
+    }
 
     fn args<'a>(direct: Option<DirectBoot<'a>>) -> FullVmArgs<'a> {
         let p = Path::new("/x");

@@ -16,6 +16,7 @@
 //! 5. destroy kills QEMU and removes the VM's directory (`<sandbox dir>/vm`).
 
 pub mod cpio;
+pub mod net;
 pub mod qemu;
 pub mod qmp;
 pub mod relay;
@@ -549,6 +550,11 @@ impl MicroVmSubstrate {
             upper: Some(&upper),
             balloon: self.config.balloon,
         });
+        let mut args = args;
+        // A NIC on the sandbox's network namespace (net.rs): bridge + tap there, QEMU in it.
+        if let Some(n) = net::attach(spec.netns.clone(), vm_dir).await? {
+            net::add_to_microvm(&mut args, &n, self.config.machine);
+        }
         let launch = vm::Launch {
             qemu_binary: self.config.qemu_binary.clone(),
             args,

@@ -157,7 +157,10 @@ async fn start_qemu(launch: &Launch, vm_dir: &Path, extra: &[&str]) -> Result<St
         .open(vm_dir.join("qemu.log"))
         .map_err(|e| format!("open qemu.log: {e}"))?;
     let log2 = log.try_clone().map_err(|e| format!("dup qemu.log: {e}"))?;
-    let mut child = tokio::process::Command::new(&launch.qemu_binary)
+    let mut cmd = tokio::process::Command::new(&launch.qemu_binary);
+    // A VM with a NIC runs QEMU in the sandbox's network namespace (net.rs).
+    super::net::enter_netns(&mut cmd, vm_dir)?;
+    let mut child = cmd
         .args(&launch.args)
         .args(extra)
         .stdin(Stdio::null())
