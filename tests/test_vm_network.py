@@ -23,7 +23,7 @@ import pytest
 import dsec
 from dsec import DSecMicroVMRunArgs
 from helpers import find_dsec_bin, stop_quietly
-from netfixture import CONFIG, NPM, PYPI, SRV_NS, TABLE, NetUp, TestServers, denied, get, run, sh
+from netfixture import CONFIG, NPM, PYPI, PYPI6, SRV_NS, TABLE, NetUp, TestServers, denied, get, run, sh
 from vmfixture import missing, qemu_pids_for, skip_if
 
 CACHE = Path(os.environ.get("DSEC_CACHE", "/var/cache/dsec"))
@@ -163,6 +163,12 @@ def test_microvm_allowlist_dns_rule_change_pause_and_cleanup(vclient, vnode):
         assert ok(sb, get(f"http://{PYPI}:8080/"))
         assert time.monotonic() - t0 < 15
         assert not ok(sb, get(f"http://{NPM}/")), "the replaced CIDR rule must no longer allow"
+        # IPv6 too (the guest's /128 behind fe80::1, the same host-side rules): the change
+        # dropped pypi.test's DNS grants (its AAAA included); a v6 rule opens it again.
+        assert not ok(sb, get(f"http://[{PYPI6}]/"))
+        sb.set_network_rules([{"cidr": f"{PYPI}/32", "ports": "8080", "protocol": "tcp"},
+                              {"cidr": "fd42:7::/64", "ports": "80", "protocol": "tcp"}])
+        assert ok(sb, get(f"http://[{PYPI6}]/"))
         assert run(sb, "echo $MARK $(pwd)")[1].strip() == "kept /tmp"
 
         # Pause ends QEMU (the tap stays in the namespace); resume attaches a new QEMU to it.
@@ -224,3 +230,46 @@ def test_full_vm_allowed_and_denied(vclient, vnode):
     finally:
         stop_quietly(sb)
     assert not wait_clean(vnode, vm_dir, timeout=30)
+
+
+NET = {"mode": "allowlist", "rules": [{"cidr": f"{NPM}/32", "ports": "80", "protocol": "tcp"}]}
+
+
+def test_repeated_cycles_failed_create_and_edge_crash_leave_nothing(vclient, vnode):
+    """Last in the file: it kills and restarts the module's edge."""
+    links_before = host_links()
+    for _ in range(2):
+        sb = vclient.run_microvm(DSecMicroVMRunArgs(container_image="busybox", network=NET), timeout=300)
+        vm_dir = vm_dir_of(vnode, sb)
+        try:
+            assert ok(sb, get(f"http://{NPM}/"))
+        finally:
+            stop_quietly(sb)
+        left = wait_clean(vnode, vm_dir)
+        assert not left, f"left after stop: {left}"
+    # A create that fails in the guest (aether refuses an unknown init_user before Ready): the
+    # namespace, veth, chains and QEMU go with it.
+    with pytest.raises(dsec.DSecError):
+        vclient.run_microvm(DSecMicroVMRunArgs(container_image="busybox", network=NET, init_user="no-such-user"),
+                            timeout=300)
+    left = wait_clean(vnode, Path(vnode.data_dir) / "no-such-dir")
+    assert not left and not qemu_pids_for(vnode.data_dir), f"left after a failed create: {left}"
+    # The edge crashes with a networked microVM running: the restarted edge reaps the
+    # namespace, veth and chains (orphans), and the guest's QEMU ends with its channel.
+    sb = vclient.run_microvm(DSecMicroVMRunArgs(container_image="busybox", network=NET), timeout=300)
+    vm_dir = vm_dir_of(vnode, sb)
+    assert ok(sb, get(f"http://{NPM}/"))
+    assert len(qemu_pids_for(str(vm_dir))) == 1
+    vnode.kill()
+    vnode.restart()
+    deadline = time.monotonic() + 60
+    left = {}
+    while time.monotonic() < deadline:
+        left = dict(vnode.leftovers())
+        if qemu_pids_for(str(vm_dir)):
+            left["qemu"] = qemu_pids_for(str(vm_dir))
+        if not left:
+            break
+        time.sleep(0.5)
+    assert not left, f"left after an edge crash and restart: {left}"
+    assert not any(l.startswith(("tap", "br")) for l in host_links() - links_before)
