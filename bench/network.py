@@ -2,13 +2,14 @@
 """Cost of `allowlist` networking at create (p50 with and without, same run) and throughput of
 an allowed TCP stream from a sandbox against plain host loopback.
 
-    DSEC_BIN=target/release/dsec python3 bench/network.py [--n 30]
+    DSEC_BIN=target/release/dsec python3 bench/network.py [--n 45] [--background 200]
 
 Runs its own `dsec up` with the network config of tests/netfixture.py and test servers in a
 test namespace (as root). The throughput compares like with like: the same Python sender
 (1 MiB `sendall`s) and sink (`recv_into`) on both paths, the sandbox (debian image, imported
 from the cached tarball) at the host's CPU (2 cores), the test host's link at loopback's MTU
-class (65520)."""
+class (65520). `--background N` keeps N other `allowlist` sandboxes running during the create
+rounds (a busy node: their chains and sets are in the same nftables ruleset)."""
 
 from __future__ import annotations
 
@@ -79,18 +80,30 @@ def sink_result(p):
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--n", type=int, default=30)
+    ap.add_argument("--background", type=int, default=0,
+                    help="networked sandboxes kept running during the create rounds")
     a = ap.parse_args()
+    print("load average before:", os.getloadavg())
     srv = TestServers().start()
     up = NetUp(find_dsec_bin(), "benchnet")
     up.start()
     c = up.client()
+    background = []
     try:
+        for i in range(a.background):
+            background.append(c.run_container(dsec.DSecContainerRunArgs(
+                container_image="busybox", memory_limit_mb=32, cpu_cores_limit=0.05,
+                network={"mode": "allowlist", "rules": [{"cidr": f"198.18.{8 + i // 250}.{i % 250}/32", "ports": "443"}]}), timeout=60))
         create_p50(c, 3)  # warm up
         rounds_none, rounds_allow = [], []
         for _ in range(3):  # interleaved so both see the same machine state
             rounds_none.append(create_p50(c, a.n // 3)[0])
             rounds_allow.append(create_p50(c, a.n // 3, network={"mode": "allowlist", "rules": [{"cidr": "198.18.7.0/24"}]})[0])
         p_none, p_allow = statistics.median(rounds_none), statistics.median(rounds_allow)
+        load_creates = os.getloadavg()
+        for sb in background:
+            sb.stop()
+        background = []
         # Throughput: sandbox -> allowed host in the test namespace vs host loopback.
         up.cli("image", "import", "debian", "--tar", str(debian_tar()), timeout=900)
         sb = c.run_container(dsec.DSecContainerRunArgs(
@@ -114,11 +127,19 @@ def main():
         sb_rate = statistics.median(results["sandbox"])
         lo_rate = statistics.median(results["loopback"])
         print(f"create p50 without network: {p_none:.1f} ms, with allowlist: {p_allow:.1f} ms, added: {p_allow - p_none:.1f} ms "
-              f"(rounds: none {[round(x, 1) for x in rounds_none]}, allowlist {[round(x, 1) for x in rounds_allow]})")
+              f"(rounds: none {[round(x, 1) for x in rounds_none]}, allowlist {[round(x, 1) for x in rounds_allow]}; "
+              f"{a.background} other networked sandboxes running; load average after the creates {load_creates})")
         print(f"allowed TCP stream sandbox -> test host: {sb_rate:.0f} MiB/s; host loopback: {lo_rate:.0f} MiB/s; "
               f"ratio {sb_rate / lo_rate * 100:.0f}% (medians of 5 x {MB} MiB, Python senders and sinks; rounds sandbox {[round(x) for x in results['sandbox']]}, loopback {[round(x) for x in results['loopback']]})")
-        print("reproduce: DSEC_BIN=target/release/dsec python3 bench/network.py --n 30")
+        print("load average after:", os.getloadavg())
+        print(f"reproduce: DSEC_BIN=target/release/dsec python3 bench/network.py --n {a.n}"
+              + (f" --background {a.background}" if a.background else ""))
     finally:
+        for sb in background:
+            try:
+                sb.stop()
+            except Exception as e:  # noqa: BLE001 - best effort before the edge stops
+                print("stop background sandbox:", e, file=sys.stderr)
         c.close()
         up.finish()
         srv.stop()
