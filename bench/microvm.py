@@ -1,13 +1,20 @@
 #!/usr/bin/env python3
 """Boot to first command result of a dsec microVM vs. a plain QEMU boot of the same kernel and
-initramfs to a shell (issue 9). Same machine type, accelerator and memory in one run.
+initramfs to a shell (issue 9): cold boots and restore-from-template creates, each against the
+plain boot in the same run (interleaved: plain, cold, templated, plain, ...). Same machine type,
+accelerator and memory.
 
-    DSEC_API_URL=... DSEC_API_KEY=... python3 bench/microvm.py [--runs 5]
+    DSEC_BIN=target/release/dsec python3 bench/microvm.py [--runs 5]
+
+Starts two `dsec up` of its own (temporary data dirs, own ports and node ids, stopped at the end):
+one with `DSEC_MICROVM_TEMPLATES=0` (every create boots cold) and one with templates on (the
+default), where one create of the shape first boots cold and the template is awaited before the
+timed creates, which restore it.
 
 The plain boot uses the cached guest initramfs with its /init replaced (a gzip'ed cpio appended,
 which the kernel unpacks last) by a shell that prints a marker on the serial console and powers
-off; the time is from QEMU's start until the marker appears. The dsec figure is
-`run_microvm` (create, boot, aether Ready) + the first `run_shell("echo ok")`.
+off; the time is from QEMU's start until the marker appears. A dsec figure is `run_microvm`
+(create, boot or restore, aether Ready / identity set) + the first `run_shell("echo ok")`.
 """
 
 from __future__ import annotations
@@ -22,9 +29,11 @@ import tempfile
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "sdk" / "python"))
-import dsec.sync  # noqa: E402
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "sdk" / "python"))
+sys.path.insert(0, str(ROOT / "tests"))
 from dsec import DSecMicroVMRunArgs  # noqa: E402
+from helpers import DsecUp, new_data_dir, remove_data_dir  # noqa: E402
 
 GUEST = Path(os.environ.get("DSEC_GUEST_DIR") or Path(os.environ.get("DSEC_CACHE", "/var/cache/dsec")) / "guest")
 ACCEL = os.environ.get("DSEC_MICROVM_ACCEL", "tcg")
@@ -68,15 +77,44 @@ def plain_boot(tmp: Path, memory_mb: int) -> float:
         p.wait()
 
 
-def dsec_boot(client, memory_mb: int) -> float:
+def dsec_boot(client, memory_mb: int, expect_boot: str) -> float:
     t0 = time.monotonic()
     sb = client.run_microvm(DSecMicroVMRunArgs(container_image="busybox", memory_limit_mb=memory_mb), timeout=300)
     try:
         r = sb.run_shell("echo ok")
+        took = time.monotonic() - t0
         assert r.stdout == "ok\n", r
-        return time.monotonic() - t0
+        boot = sb.info.raw.get("boot")
+        assert boot == expect_boot, f"expected a {expect_boot} boot, got {boot!r}"
+        return took
     finally:
         sb.stop()
+
+
+def start_edge(binary: str, tag: str, templates: bool) -> DsecUp:
+    os.environ["DSEC_MICROVM_TEMPLATES"] = "1" if templates else "0"
+    try:
+        return DsecUp(binary, new_data_dir(tag), f"bvm{tag}{os.getpid() % 10000}").start()
+    finally:
+        os.environ.pop("DSEC_MICROVM_TEMPLATES", None)
+
+
+def wait_template(up: DsecUp, timeout: float = 300) -> None:
+    d = Path(up.data_dir) / "edge" / "microvm-templates"
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if d.is_dir() and any((p / "template.json").is_file() for p in d.iterdir()):
+            return
+        time.sleep(0.2)
+    raise SystemExit(f"no template was built within {timeout:.0f} s; see {up.stderr_path}")
+
+
+def fmt(name: str, v, base=None) -> str:
+    m = statistics.median(v)
+    line = f"{name:44} median {m:5.2f} s  (min {min(v):.2f}, max {max(v):.2f})"
+    if base is not None:
+        line += f"  {100 * (m - base) / base:+6.1f}% of plain QEMU"
+    return line
 
 
 def main() -> None:
@@ -84,19 +122,38 @@ def main() -> None:
     ap.add_argument("--runs", type=int, default=5)
     ap.add_argument("--memory-mb", type=int, default=256)
     a = ap.parse_args()
-    client = dsec.sync.DSecClient()
-    client.open()
-    plain, ours = [], []
-    with tempfile.TemporaryDirectory() as d:
-        for _ in range(a.runs):  # interleaved, so both see the same machine load
-            plain.append(plain_boot(Path(d), a.memory_mb))
-            ours.append(dsec_boot(client, a.memory_mb))
-    client.close()
-    mp, mo = statistics.median(plain), statistics.median(ours)
-    print(f"accelerator {ACCEL}, machine {MACHINE}, {a.memory_mb} MiB, {a.runs} runs each")
-    print(f"plain QEMU boot to a shell:         median {mp:.2f} s  (min {min(plain):.2f}, max {max(plain):.2f})")
-    print(f"dsec microVM boot to first result:  median {mo:.2f} s  (min {min(ours):.2f}, max {max(ours):.2f})")
-    print(f"overhead: {100 * (mo - mp) / mp:+.1f}% of plain QEMU")
+    binary = os.environ.get("DSEC_BIN", str(ROOT / "target" / "release" / "dsec"))
+    cold_up = start_edge(binary, "c", templates=False)
+    tpl_up = start_edge(binary, "t", templates=True)
+    plain, cold, tpl = [], [], []
+    loads = []
+    try:
+        cold_c, tpl_c = cold_up.client(), tpl_up.client()
+        # The shape's first create on the template edge boots cold; its template is built
+        # in the background: wait for it before timing.
+        dsec_boot(tpl_c, a.memory_mb, "cold")
+        wait_template(tpl_up)
+        with tempfile.TemporaryDirectory() as d:
+            for _ in range(a.runs):  # interleaved, so all three see the same machine load
+                loads.append(os.getloadavg()[0])
+                plain.append(plain_boot(Path(d), a.memory_mb))
+                cold.append(dsec_boot(cold_c, a.memory_mb, "cold"))
+                tpl.append(dsec_boot(tpl_c, a.memory_mb, "template"))
+        cold_c.close()
+        tpl_c.close()
+    finally:
+        for up, dd in ((cold_up, cold_up.data_dir), (tpl_up, tpl_up.data_dir)):
+            up.stop()
+            remove_data_dir(dd)
+            up.remove_log()
+    mp = statistics.median(plain)
+    print(f"reproduce: DSEC_BIN={binary} python3 bench/microvm.py --runs {a.runs} --memory-mb {a.memory_mb}")
+    print(f"accelerator {ACCEL}, machine {MACHINE}, {a.memory_mb} MiB, 1 vCPU, busybox, {a.runs} runs each")
+    print(f"load average (1 min) during the runs: {min(loads):.2f}-{max(loads):.2f}; at the end: "
+          f"{' '.join(f'{x:.2f}' for x in os.getloadavg())}")
+    print(fmt("plain QEMU boot to a shell:", plain))
+    print(fmt("dsec microVM, cold boot to first result:", cold, mp))
+    print(fmt("dsec microVM, from template to first result:", tpl, mp))
 
 
 if __name__ == "__main__":

@@ -152,7 +152,7 @@ pub struct Server {
     pub user: User,
     /// `setup.env`: given to every command.
     pub base_env: BTreeMap<String, String>,
-    pub hostname: String,
+    pub hostname: Mutex<String>,
     /// Root-only (0711) dir for per-call files.
     pub run_dir: PathBuf,
     /// PID 1 of a container's pid namespace (kill(-1) kills the sandbox).
@@ -184,7 +184,7 @@ impl Server {
             reaper,
             user,
             base_env,
-            hostname: sys::hostname(),
+            hostname: Mutex::new(sys::hostname()),
             run_dir,
             pid1,
             sessions: Mutex::new(HashMap::new()),
@@ -270,7 +270,7 @@ impl Server {
     ) -> BTreeMap<String, String> {
         let mut env = BTreeMap::new();
         env.insert("PATH".to_string(), DEFAULT_PATH.to_string());
-        env.insert("HOSTNAME".to_string(), self.hostname.clone());
+        env.insert("HOSTNAME".to_string(), lock(&self.hostname).clone());
         if tty {
             env.insert("TERM".to_string(), "xterm".to_string());
         }
@@ -400,6 +400,31 @@ impl Server {
                 let srv = self.clone();
                 if !self.run_request(id, Box::new(move || tty::open(&srv, id, slave, cmd, env))) {
                     lock(&self.ttys).remove(&id);
+                }
+            }
+            Request::SetIdentity {
+                hostname,
+                unix_secs,
+                unix_nanos,
+            } => {
+                // A container's aether shares the host's clock: only a VM guest's aether
+                // (bare mode and PID 1 of its own kernel) may set the clock and hostname.
+                if self.pid1 || sys::getpid() != 1 {
+                    self.w.error(
+                        id,
+                        AetherErrorKind::BadRequest,
+                        "set_identity is for a VM guest's aether only",
+                    );
+                    return;
+                }
+                match sys::set_identity(&hostname, unix_secs, unix_nanos, &body) {
+                    Ok(()) => {
+                        *lock(&self.hostname) = hostname;
+                        self.w.send(id, Reply::Done, &[]);
+                    }
+                    Err(e) => {
+                        self.w.error(id, AetherErrorKind::Internal, e);
+                    }
                 }
             }
             Request::Shutdown => {

@@ -554,3 +554,57 @@ pub fn hostname() -> String {
         .and_then(|h| h.into_string().ok())
         .unwrap_or_default()
 }
+
+/// `RNDADDENTROPY` (`_IOW('R', 0x03, int[2])`) and `RNDRESEEDCRNG` (`_IO('R', 0x07)`) of
+/// `<linux/random.h>`.
+const RNDADDENTROPY: libc::c_ulong = 0x4008_5203;
+const RNDRESEEDCRNG: libc::c_ulong = 0x5207;
+
+/// A guest restored from a template snapshot takes its own identity: hostname, wall clock, and
+/// fresh kernel randomness (`seed` credited to the pool with `RNDADDENTROPY`, falling back to a
+/// plain write, then `RNDRESEEDCRNG` so the CRNG stops producing the template's stream).
+pub fn set_identity(hostname: &str, secs: i64, nanos: u32, seed: &[u8]) -> Result<(), String> {
+    nix::unistd::sethostname(hostname).map_err(|e| format!("sethostname {hostname:?}: {e}"))?;
+    let ts = libc::timespec {
+        tv_sec: secs as libc::time_t,
+        tv_nsec: nanos.min(999_999_999) as libc::c_long,
+    };
+    // SAFETY: clock_settime reads a valid timespec we own.
+    if unsafe { libc::clock_settime(libc::CLOCK_REALTIME, &ts) } != 0 {
+        return Err(format!(
+            "clock_settime: {}",
+            std::io::Error::last_os_error()
+        ));
+    }
+    if seed.is_empty() {
+        return Ok(());
+    }
+    use std::io::Write;
+    use std::os::fd::AsRawFd;
+    let mut f = std::fs::OpenOptions::new()
+        .write(true)
+        .open("/dev/urandom")
+        .map_err(|e| format!("open /dev/urandom: {e}"))?;
+    // struct rand_pool_info { int entropy_count; int buf_size; __u32 buf[]; }
+    let mut info = Vec::with_capacity(8 + seed.len());
+    let bits = (seed.len() * 8).min(i32::MAX as usize) as i32;
+    info.extend_from_slice(&bits.to_ne_bytes());
+    info.extend_from_slice(&(seed.len() as i32).to_ne_bytes());
+    info.extend_from_slice(seed);
+    info.resize(8 + seed.len().div_ceil(4) * 4, 0);
+    // SAFETY: RNDADDENTROPY reads a rand_pool_info of 8 + buf_size bytes from `info`, which
+    // holds that many (padded to whole u32 words).
+    let added = unsafe { libc::ioctl(f.as_raw_fd(), RNDADDENTROPY as _, info.as_ptr()) } == 0;
+    if !added {
+        f.write_all(seed)
+            .map_err(|e| format!("write /dev/urandom: {e}"))?;
+    }
+    // SAFETY: RNDRESEEDCRNG takes no argument.
+    if unsafe { libc::ioctl(f.as_raw_fd(), RNDRESEEDCRNG as _) } != 0 {
+        return Err(format!(
+            "reseed the kernel CRNG: {}",
+            std::io::Error::last_os_error()
+        ));
+    }
+    Ok(())
+}

@@ -174,7 +174,11 @@ impl Edge {
         let metrics = Arc::new(Metrics::new(&cfg.node_id));
         let manager = Arc::new(Manager::new(cfg.clone(), driver, images.clone(), metrics));
         if let Some(aether) = vm_aether {
-            manager.set_microvm_driver(microvm::driver(aether, &images.blob_store()));
+            manager.set_microvm_driver(microvm::driver(
+                aether,
+                &images.blob_store(),
+                &cfg.edge_dir(),
+            ));
             manager.set_fullvm_driver(fullvm::driver());
         }
         // Stale host mounts first: re-adopted sandboxes re-take fresh leases (their own overlays

@@ -899,6 +899,7 @@ impl Manager {
         record.info = info.clone();
         record.pid = sandbox.pid();
         let persisted = match qos {
+        info.boot = sandbox.boot_kind().map(str::to_string);
             Ok(_) => {
                 records::write(&dir, &record).map_err(|e| EdgeError::internal("persist record", &e))
             }
@@ -1788,6 +1789,9 @@ mod tests {
 
     fn req(image: &str) -> CreateSandboxRequest {
         CreateSandboxRequest {
+        if let Some(Ok(d)) = self.microvm.get() {
+            d.shutdown().await;
+        }
             image: image.into(),
             ..Default::default()
         }

@@ -12,6 +12,7 @@ use std::sync::Arc;
 use dsec_runtime::aether_client::AetherClient;
 use dsec_runtime::container::adopt::AdoptError;
 use dsec_runtime::container::pause::PauseError;
+use dsec_runtime::microvm::template::TemplateConfig;
 use dsec_runtime::microvm::vm::{destroy_vm, VmSandbox};
 use dsec_runtime::microvm::{MicroVmConfig, MicroVmSandbox, MicroVmSubstrate};
 use dsec_runtime::substrate::{
@@ -51,7 +52,14 @@ pub fn installed(bin: &std::path::Path) -> bool {
 }
 
 /// The driver if the guest is built and QEMU is installed, else why not (for the 501).
-pub fn driver(aether_path: PathBuf, blob_store: &str) -> Result<Arc<dyn Driver>, String> {
+///
+/// microVM templates (restore-from-template boots, `DSEC_MICROVM_TEMPLATES=0` turns them off)
+/// live in `<edge dir>/microvm-templates`.
+pub fn driver(
+    aether_path: PathBuf,
+    blob_store: &str,
+    edge_dir: &std::path::Path,
+) -> Result<Arc<dyn Driver>, String> {
     let config = MicroVmConfig::from_env(
         guest_dir(),
         aether_path,
@@ -69,8 +77,13 @@ pub fn driver(aether_path: PathBuf, blob_store: &str) -> Result<Arc<dyn Driver>,
         guest = %config.guest_dir.display(), accel = config.accel.as_str(),
         machine = config.machine.as_str(), "microVM substrate available"
     );
+    let templates = TemplateConfig::from_env(edge_dir.join("microvm-templates"));
+    tracing::info!(
+        enabled = templates.enabled, max = templates.max,
+        dir = %templates.dir.display(), "microVM templates"
+    );
     Ok(Arc::new(MicroVmDriver {
-        inner: Arc::new(MicroVmSubstrate::new(config)),
+        inner: Arc::new(MicroVmSubstrate::new(config).with_templates(templates)),
     }))
 }
 
@@ -96,6 +109,14 @@ impl Driver for MicroVmDriver {
 
     fn reap_orphans(&self, known_live: Vec<String>) -> BoxFut<'_, Vec<String>> {
         Box::pin(async move { self.inner.reap_orphans(&known_live).await })
+    }
+
+    fn shutdown(&self) -> BoxFut<'_, ()> {
+        Box::pin(async move {
+            if let Some(t) = self.inner.templates() {
+                t.shutdown().await;
+            }
+        })
     }
 
     fn adopt(
@@ -128,9 +149,17 @@ pub(crate) trait EdgeVm: VmSandbox + 'static {
     fn writable_layer(&self) -> BoxFut<'_, Result<Option<WritableLayer>, String>> {
         Box::pin(async { Ok(None) })
     }
+    /// How the VM started (`cold`, `template`, `cold-fallback`), if the substrate has templates.
+    fn boot_kind(&self) -> Option<&'static str> {
+        None
+    }
 }
 
 impl EdgeVm for MicroVmSandbox {
+    fn boot_kind(&self) -> Option<&'static str> {
+        Some(MicroVmSandbox::boot_kind(self).as_str())
+    }
+
     fn writable_layer(&self) -> BoxFut<'_, Result<Option<WritableLayer>, String>> {
         Box::pin(async move {
             let m = self.expose_upper().await?;
@@ -190,6 +219,10 @@ impl<T: EdgeVm> LiveSandbox for VmLive<T> {
 
     fn writable_layer(&self) -> BoxFut<'_, Result<Option<WritableLayer>, String>> {
         EdgeVm::writable_layer(&self.0)
+    }
+
+    fn boot_kind(&self) -> Option<&'static str> {
+        EdgeVm::boot_kind(&self.0)
     }
 }
 

@@ -43,6 +43,11 @@ pub trait Driver: Send + Sync + 'static {
     ) -> BoxFut<'_, Result<Box<dyn LiveSandbox>, AdoptError>> {
         Box::pin(async move { Err(AdoptError::Gone { id, pid }) })
     }
+    /// The edge is stopping (after every sandbox was stopped): remove what the driver keeps
+    /// besides sandboxes (e.g. microVM templates).
+    fn shutdown(&self) -> BoxFut<'_, ()> {
+        Box::pin(async {})
+    }
 }
 
 /// One running sandbox.
@@ -68,6 +73,11 @@ pub trait LiveSandbox: Send + Sync + 'static {
     /// [`WritableLayer::release`] undoes that. `None`: the default `<dir>/upper` path applies.
     fn writable_layer(&self) -> BoxFut<'_, Result<Option<WritableLayer>, String>> {
         Box::pin(async { Ok(None) })
+    }
+    /// How the sandbox started, for VM substrates with template boots (`cold`, `template`,
+    /// `cold-fallback`); `None` when the substrate has no such choice.
+    fn boot_kind(&self) -> Option<&'static str> {
+        None
     }
 }
 

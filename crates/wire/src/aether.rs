@@ -153,6 +153,17 @@ pub enum Request {
     },
     /// Orderly end of the sandbox: aether kills everything and exits.
     Shutdown,
+    /// VM guests restored from a template snapshot: take this guest's own identity. aether sets
+    /// the kernel hostname, the wall clock (the restored guest's clock is the template's) and
+    /// mixes the frame body (host randomness) into the kernel's pool, then forces a reseed of
+    /// the kernel's CRNG, so clones of one snapshot never share random output. Only a guest's
+    /// aether (bare mode, PID 1) accepts it. Answered with `Done`.
+    SetIdentity {
+        hostname: String,
+        /// Wall clock: seconds and nanoseconds since the Unix epoch.
+        unix_secs: i64,
+        unix_nanos: u32,
+    },
 }
 
 /// Which output stream a chunk belongs to.

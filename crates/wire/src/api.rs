@@ -207,6 +207,11 @@ pub struct SandboxInfo {
     /// QoS class the sandbox runs in.
     #[serde(default)]
     pub qos: QosClass,
+    /// How a VM sandbox started: `cold` (booted its kernel), `template` (restored from a
+    /// template snapshot of its shape) or `cold-fallback` (its template failed to restore and
+    /// was dropped); `None` for containers.
+    #[serde(default)]
+    pub boot: Option<String>,
 }
 
 /// What a pause did: memory before and after, and how it was reclaimed.

@@ -148,6 +148,9 @@ class SandboxInfo:
     last_pause: Optional[Dict[str, Any]] = None
     #: QoS class the sandbox runs in (``latency_sensitive`` or ``best_effort``).
     qos: str = "latency_sensitive"
+    #: How a microVM started: ``cold``, ``template`` (restored from a template snapshot of its
+    #: shape) or ``cold-fallback``; ``None`` for containers and full VMs.
+    boot: Optional[str] = None
     raw: Dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
 
     @classmethod

@@ -14,12 +14,17 @@
 //!    `switch_root`, in bare mode) greets with `Ready`;
 //! 4. pause snapshots the guest to disk and ends QEMU; resume restores it ([`vm`]);
 //! 5. destroy kills QEMU and removes the VM's directory (`<sandbox dir>/vm`).
+//!
+//! With templates on ([`template`]), a create whose shape has a template restores the
+//! template's snapshot instead of steps 2–3 (and gives the guest its own identity); the first
+//! create of a shape boots cold and has a template built in the background.
 
 pub mod cpio;
 pub mod net;
 pub mod qemu;
 pub mod qmp;
 pub mod relay;
+pub mod template;
 pub mod vm;
 
 use std::io;
@@ -117,6 +122,8 @@ impl MicroVmConfig {
 #[derive(Debug, Clone)]
 pub struct MicroVmSubstrate {
     config: MicroVmConfig,
+    /// Restore-from-template boots (None: off).
+    templates: Option<Arc<template::Templates>>,
     /// The aether binary as put into guests (stripped of debug info when `strip` exists: it
     /// is unpacked and copied in every boot), keyed by the source's size and mtime.
     aether_cache: Arc<Mutex<AetherCache>>,
@@ -129,6 +136,7 @@ pub struct MicroVmSandbox {
     id: String,
     vm_dir: PathBuf,
     vm: vm::Vm,
+    boot: template::BootKind,
 }
 
 impl std::fmt::Debug for MicroVmSandbox {
@@ -141,6 +149,11 @@ impl std::fmt::Debug for MicroVmSandbox {
 }
 
 impl MicroVmSandbox {
+    /// Whether the guest booted cold or was restored from a template.
+    pub fn boot_kind(&self) -> template::BootKind {
+        self.boot
+    }
+
     /// Resolves when the VM is gone (QEMU died on its own, or the VM was destroyed); a pause
     /// ending QEMU does not count.
     pub async fn exited(&self) {
@@ -391,8 +404,23 @@ impl MicroVmSubstrate {
     pub fn new(config: MicroVmConfig) -> Self {
         MicroVmSubstrate {
             config,
+            templates: None,
             aether_cache: Arc::new(Mutex::new(None)),
         }
+    }
+
+    /// Turns restore-from-template boots on (when `config.enabled`), templates kept in
+    /// `config.dir`.
+    pub fn with_templates(mut self, config: template::TemplateConfig) -> Self {
+        if config.enabled {
+            self.templates = Some(Arc::new(template::Templates::open(config)));
+        }
+        self
+    }
+
+    /// The template store, when templates are on.
+    pub fn templates(&self) -> Option<&Arc<template::Templates>> {
+        self.templates.as_ref()
     }
 
     /// The aether binary for guests: stripped once per build of it (falls back to the binary
@@ -491,31 +519,21 @@ impl MicroVmSubstrate {
         Ok(path)
     }
 
-    async fn start(
+    /// The guest's layers as files (and their virtio-pmem copies when pmem is on).
+    async fn guest_layers(
         &self,
         spec: &SandboxSpec,
-        vm_dir: &Path,
-    ) -> Result<MicroVmSandbox, CreateSandboxError> {
-        // init_user and env reach aether through the initramfs (/dsec-user, /dsec-environ):
-        // the guest's /init passes them as --user / --env-file.
+    ) -> Result<Vec<GuestLayer>, CreateSandboxError> {
         self.config
             .check_guest()
             .map_err(CreateSandboxError::InvalidSpec)?;
-        let layers = resolve_layers(&spec.lowers, &self.config.blob_dirs)
+        let mut layers = resolve_layers(&spec.lowers, &self.config.blob_dirs)
             .map_err(CreateSandboxError::InvalidSpec)?;
         if layers.is_empty() {
             return Err(CreateSandboxError::InvalidSpec(
                 "the image has no layers".into(),
             ));
         }
-        tokio::fs::create_dir_all(vm_dir)
-            .await
-            .map_err(|e| spawn_err("create the VM directory", e))?;
-        let initrd = self
-            .write_initrd(spec, vm_dir)
-            .await
-            .map_err(|e| spawn_err("write the initramfs", e))?;
-        let mut layers = layers;
         if self.config.pmem {
             for l in layers.iter_mut() {
                 l.meta_pmem = pmem_copy(&self.config.pmem_dir, &l.meta).await;
@@ -524,55 +542,323 @@ impl MicroVmSubstrate {
                 }
             }
         }
-        let upper = vm_dir.join(UPPER_DISK);
-        // The request's disk limit, else the node's default size (sparse either way).
-        let disk_mb = spec.disk_limit_mb.unwrap_or(self.config.disk_mb).max(16);
-        make_upper_disk(&upper, disk_mb)
-            .await
-            .map_err(|e| CreateSandboxError::Setup(format!("create the writable disk: {e}")))?;
-        let sock = vm_dir.join("aether.sock");
-        let kernel = self.config.guest_dir.join("vmlinuz");
-        let console = vm_dir.join("console.log");
-        let qmp = vm_dir.join("qmp.sock");
-        let pidfile = vm_dir.join("qemu.pid");
-        let args = qemu::command_line(&qemu::QemuArgs {
+        Ok(layers)
+    }
+
+    /// The request's disk limit, else the node's default size (sparse either way).
+    fn disk_mb(&self, spec: &SandboxSpec) -> u64 {
+        spec.disk_limit_mb.unwrap_or(self.config.disk_mb).max(16)
+    }
+
+    /// How QEMU is started for a guest of `spec` in `vm_dir`. Everything but the file paths is
+    /// the guest's shape: a template snapshot restores only into the same shape.
+    fn launch_for(
+        &self,
+        spec: &SandboxSpec,
+        vm_dir: &Path,
+        initrd: &Path,
+        layers: &[GuestLayer],
+    ) -> vm::Launch {
+        let mut args = qemu::command_line(&qemu::QemuArgs {
             machine: self.config.machine,
             accel: self.config.accel,
             memory_mb: spec.memory_limit_mb.max(128),
             vcpus: spec.cpu_cores_limit.ceil().max(1.0) as u32,
-            kernel: &kernel,
-            initrd: &initrd,
-            console_log: &console,
-            aether_socket: &sock,
-            qmp_socket: &qmp,
-            pidfile: &pidfile,
-            layers: &layers,
-            upper: Some(&upper),
+            kernel: &self.config.guest_dir.join("vmlinuz"),
+            initrd,
+            console_log: &vm_dir.join("console.log"),
+            aether_socket: &vm_dir.join("aether.sock"),
+            qmp_socket: &vm_dir.join("qmp.sock"),
+            pidfile: &vm_dir.join("qemu.pid"),
+            layers,
+            upper: Some(&vm_dir.join(UPPER_DISK)),
             balloon: self.config.balloon,
         });
-        let mut args = args;
-        // A NIC on the sandbox's network namespace (net.rs): bridge + tap there, QEMU in it.
-        if let Some(n) = net::attach(spec.netns.clone(), vm_dir).await? {
-            net::add_to_microvm(&mut args, &n, self.config.machine);
+        if self.templates.is_some() && self.config.machine == Machine::Pc {
+            // A VM generation id (ACPI): a guest kernel with the vmgenid driver reseeds its
+            // RNG when a restore changes it (`guid=auto`: a new id per start and restore).
+            args.extend(["-device".to_string(), "vmgenid,guid=auto".to_string()]);
         }
-        let launch = vm::Launch {
+        vm::Launch {
             qemu_binary: self.config.qemu_binary.clone(),
             args,
+        }
+    }
+
+    /// The template key of a create, or None when it cannot have one (templates off, a
+    /// networked VM).
+    async fn template_key(
+        &self,
+        spec: &SandboxSpec,
+        layers: &[GuestLayer],
+    ) -> Option<(String, String)> {
+        let t = self.templates.as_ref()?;
+        if !t.enabled() || spec.netns.is_some() {
+            return None;
+        }
+        let digest = |p: PathBuf| async move { t.file_digest(&p).await };
+        let r = async {
+            let kernel = digest(self.config.guest_dir.join("vmlinuz")).await?;
+            let initrd = digest(self.config.guest_dir.join("initrd.img")).await?;
+            let aether = digest(self.config.aether_path.clone()).await?;
+            io::Result::Ok((kernel, initrd, aether))
+        }
+        .await;
+        let (kernel, initrd, aether) = match r {
+            Ok(d) => d,
+            Err(e) => {
+                tracing::warn!(error = %e, "no microVM template key (digest of a guest artefact)");
+                return None;
+            }
         };
-        tracing::info!(
-            sandbox = %spec.id, accel = self.config.accel.as_str(),
-            machine = self.config.machine.as_str(), layers = layers.len(), "microVM starting"
+        let name = |p: &Path| {
+            p.file_name()
+                .map(|n| n.to_string_lossy().into_owned())
+                .unwrap_or_default()
+        };
+        let layers: Vec<String> = layers
+            .iter()
+            .map(|l| {
+                format!(
+                    "{}{}+{}{}",
+                    name(&l.meta),
+                    if l.meta_pmem.is_some() { "@pmem" } else { "" },
+                    l.blob.as_deref().map(name).unwrap_or_default(),
+                    if l.blob_pmem.is_some() { "@pmem" } else { "" },
+                )
+            })
+            .collect();
+        let shape = format!(
+            "kernel={kernel} initrd={initrd} aether={aether} qemu={} machine={} accel={} \
+             mem={} vcpus={} disk_mb={} balloon={} layers={} user={:?} env={:?}",
+            self.config.qemu_binary.display(),
+            self.config.machine.as_str(),
+            self.config.accel.as_str(),
+            spec.memory_limit_mb.max(128),
+            spec.cpu_cores_limit.ceil().max(1.0) as u32,
+            self.disk_mb(spec),
+            self.config.balloon,
+            layers.join(","),
+            spec.user,
+            spec.env,
         );
-        let vm = vm::Vm::boot(&spec.id, vm_dir, launch, self.config.boot_timeout)
-            .await
-            .map_err(|msg| {
-                CreateSandboxError::Setup(format!("{msg}; guest console: {}", console_tail(vm_dir)))
-            })?;
-        tracing::info!(sandbox = %spec.id, pid = vm.pid(), "microVM ready");
+        Some((template::key_of(&shape), shape))
+    }
+
+    async fn start(
+        &self,
+        spec: &SandboxSpec,
+        vm_dir: &Path,
+    ) -> Result<MicroVmSandbox, CreateSandboxError> {
+        let layers = self.guest_layers(spec).await?;
+        let key = self.template_key(spec, &layers).await;
+        let mut boot = template::BootKind::Cold;
+        if let (Some((key, _)), Some(t)) = (&key, &self.templates) {
+            if let Some(tpl) = t.lookup(key) {
+                match self.start_from_template(spec, vm_dir, &tpl, &layers).await {
+                    Ok(vm) => {
+                        t.stats
+                            .templated
+                            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                        tracing::info!(sandbox = %spec.id, pid = vm.pid(), template = %key, boot = "template", "microVM ready");
+                        return Ok(MicroVmSandbox {
+                            id: spec.id.clone(),
+                            vm_dir: vm_dir.to_path_buf(),
+                            vm,
+                            boot: template::BootKind::Template,
+                        });
+                    }
+                    Err(e) => {
+                        t.stats
+                            .fallbacks
+                            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                        tracing::warn!(sandbox = %spec.id, template = %key, error = %e, "microVM template failed to restore: dropped, booting cold");
+                        t.drop_template(key);
+                        let _ = tokio::fs::remove_dir_all(vm_dir).await;
+                        boot = template::BootKind::ColdFallback;
+                    }
+                }
+            }
+        }
+        let vm = self.boot_cold(spec, vm_dir, &layers).await?;
+        if let Some(t) = &self.templates {
+            t.stats
+                .cold
+                .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        }
+        tracing::info!(sandbox = %spec.id, pid = vm.pid(), boot = boot.as_str(), "microVM ready");
+        if let Some((key, shape)) = key {
+            self.spawn_template_build(spec, key, shape);
+        }
         Ok(MicroVmSandbox {
             id: spec.id.clone(),
             vm_dir: vm_dir.to_path_buf(),
             vm,
+            boot,
+        })
+    }
+
+    /// Boots the guest's kernel (init_user and env reach aether through the initramfs:
+    /// /dsec-user, /dsec-environ, which the guest's /init passes as --user / --env-file).
+    async fn boot_cold(
+        &self,
+        spec: &SandboxSpec,
+        vm_dir: &Path,
+        layers: &[GuestLayer],
+    ) -> Result<vm::Vm, CreateSandboxError> {
+        tokio::fs::create_dir_all(vm_dir)
+            .await
+            .map_err(|e| spawn_err("create the VM directory", e))?;
+        let initrd = self
+            .write_initrd(spec, vm_dir)
+            .await
+            .map_err(|e| spawn_err("write the initramfs", e))?;
+        make_upper_disk(&vm_dir.join(UPPER_DISK), self.disk_mb(spec))
+            .await
+            .map_err(|e| CreateSandboxError::Setup(format!("create the writable disk: {e}")))?;
+        let mut launch = self.launch_for(spec, vm_dir, &initrd, layers);
+        // A NIC on the sandbox's network namespace (net.rs): bridge + tap there, QEMU in it.
+        if let Some(n) = net::attach(spec.netns.clone(), vm_dir).await? {
+            net::add_to_microvm(&mut launch.args, &n, self.config.machine);
+        }
+        tracing::info!(
+            sandbox = %spec.id, accel = self.config.accel.as_str(),
+            machine = self.config.machine.as_str(), layers = layers.len(), "microVM starting"
+        );
+        vm::Vm::boot(&spec.id, vm_dir, launch, self.config.boot_timeout)
+            .await
+            .map_err(|msg| {
+                CreateSandboxError::Setup(format!("{msg}; guest console: {}", console_tail(vm_dir)))
+            })
+    }
+
+    /// A clone of `tpl`: its disk copied, its snapshot restored, then the guest's own identity
+    /// (hostname, wall clock, fresh randomness) set over the aether channel.
+    async fn start_from_template(
+        &self,
+        spec: &SandboxSpec,
+        vm_dir: &Path,
+        tpl: &template::Template,
+        layers: &[GuestLayer],
+    ) -> Result<vm::Vm, String> {
+        tokio::fs::create_dir_all(vm_dir)
+            .await
+            .map_err(|e| format!("create the VM directory: {e}"))?;
+        // The clone's own initramfs file (a resume after the template is gone still needs
+        // one): a hard link, or a copy across file systems.
+        let initrd = vm_dir.join("initrd.img");
+        if std::fs::hard_link(tpl.initrd(), &initrd).is_err() {
+            tokio::fs::copy(tpl.initrd(), &initrd)
+                .await
+                .map_err(|e| format!("copy the template's initramfs: {e}"))?;
+        }
+        template::copy_disk(&tpl.disk(), &vm_dir.join(UPPER_DISK)).await?;
+        let launch = self.launch_for(spec, vm_dir, &initrd, layers);
+        tracing::info!(sandbox = %spec.id, template = %tpl.key, "microVM restoring from its template");
+        let vm = vm::Vm::restore_clone(&spec.id, vm_dir, launch, &tpl.snapshot()).await?;
+        let seed = template::host_seed().map_err(|e| format!("host randomness: {e}"))?;
+        let now = SystemTime::now()
+            .duration_since(SystemTime::UNIX_EPOCH)
+            .unwrap_or_default();
+        let req = dsec_wire::aether::Request::SetIdentity {
+            hostname: spec.hostname.clone(),
+            unix_secs: now.as_secs() as i64,
+            unix_nanos: now.subsec_nanos(),
+        };
+        let r = tokio::time::timeout(
+            Duration::from_secs(30),
+            vm.aether().request(req, bytes::Bytes::from(seed)),
+        )
+        .await;
+        let err = match r {
+            Ok(Ok((dsec_wire::aether::Reply::Done, _))) => return Ok(vm),
+            Ok(Ok((other, _))) => format!("set the guest's identity: unexpected reply {other:?}"),
+            Ok(Err(e)) => format!("set the guest's identity: {e}"),
+            Err(_) => "set the guest's identity: no answer within 30 s".to_string(),
+        };
+        let _ = vm.kill().await;
+        Err(err)
+    }
+
+    /// Builds the template of a shape in the background (unless it exists or is being built).
+    fn spawn_template_build(&self, spec: &SandboxSpec, key: String, shape: String) {
+        let Some(t) = self.templates.clone() else {
+            return;
+        };
+        let Some(dir) = t.claim_build(&key) else {
+            return;
+        };
+        let this = self.clone();
+        let spec = SandboxSpec {
+            id: format!("template-{}", &key[..12]),
+            hostname: "dsec-template".into(),
+            dir: dir.clone(),
+            ..spec.clone()
+        };
+        let t2 = t.clone();
+        let h = tokio::spawn(async move {
+            let r = tokio::select! {
+                r = this.build_template(&spec, &key, shape, &dir) => r,
+                _ = t2.closing() => Err("the edge is stopping".to_string()),
+            };
+            t2.finish_build(&key, &dir, r);
+        });
+        t.track(h);
+    }
+
+    /// Boots one VM of the shape to `Ready`, snapshots it (which syncs its disk and ends QEMU)
+    /// and leaves snapshot, disk and initramfs in `dir`.
+    async fn build_template(
+        &self,
+        spec: &SandboxSpec,
+        key: &str,
+        shape: String,
+        dir: &Path,
+    ) -> Result<template::TemplateMeta, String> {
+        let started = std::time::Instant::now();
+        let layers = self.guest_layers(spec).await.map_err(|e| e.to_string())?;
+        let vm = self
+            .boot_cold(spec, dir, &layers)
+            .await
+            .map_err(|e| e.to_string())?;
+        // A guard: the VM ends if this future is dropped (edge stopping) mid-snapshot.
+        struct KillOnDrop(Option<vm::Vm>);
+        impl Drop for KillOnDrop {
+            fn drop(&mut self) {
+                if let Some(vm) = self.0.take() {
+                    let pid = vm.pid();
+                    if pid > 0 {
+                        // SAFETY: kill(2) on the template VM's QEMU, a child of ours that the
+                        // VM's waiter task has not reaped (pid > 0 while it runs).
+                        unsafe { libc::kill(pid, libc::SIGKILL) };
+                    }
+                }
+            }
+        }
+        let mut guard = KillOnDrop(Some(vm));
+        let paused = match &guard.0 {
+            Some(vm) => vm.pause().await,
+            None => unreachable!(),
+        };
+        let vm = guard.0.take();
+        if let Err(e) = paused {
+            if let Some(vm) = vm {
+                let _ = vm.kill().await;
+            }
+            return Err(format!("snapshot the template VM: {e}"));
+        }
+        drop(vm);
+        for f in ["aether.sock", "qmp.sock", "qemu.pid", vm::ARGS_FILE] {
+            let _ = std::fs::remove_file(dir.join(f));
+        }
+        tracing::info!(template = %key, ms = started.elapsed().as_millis() as u64, "microVM template built");
+        Ok(template::TemplateMeta {
+            key: key.to_string(),
+            shape,
+            created: SystemTime::now()
+                .duration_since(SystemTime::UNIX_EPOCH)
+                .map(|d| d.as_secs())
+                .unwrap_or(0),
         })
     }
 
@@ -585,6 +871,7 @@ impl MicroVmSubstrate {
             id: id.to_string(),
             vm_dir,
             vm,
+            boot: template::BootKind::Cold,
         })
     }
 }

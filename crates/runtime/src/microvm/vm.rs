@@ -546,65 +546,9 @@ impl Vm {
         if !snap.is_file() {
             return Err(vm_err(format!("snapshot {} is missing", snap.display())));
         }
-        let Started {
-            mut child,
-            pid,
-            stream,
-        } = start_qemu(&self.launch, &self.vm_dir, &["-S", "-incoming", "defer"])
+        let (child, pid, stream, mut q) = restore_process(&self.launch, &self.vm_dir, &snap)
             .await
-            .map_err(vm_err)?;
-        let uri = format!(
-            "exec:cat {}",
-            crate::microvm::cpio::shell_quote(&snap.display().to_string())
-        );
-        let restore = async {
-            let mut q = Qmp::connect_retry(&self.vm_dir.join("qmp.sock"), Duration::from_secs(10))
-                .await
-                .map_err(|e| e.to_string())?;
-            if self.launch.shared_memory() {
-                q.set_capabilities(&[("x-ignore-shared", true)])
-                    .await
-                    .map_err(|e| e.to_string())?;
-            }
-            q.migrate_incoming(&uri).await.map_err(|e| e.to_string())?;
-            let deadline = Instant::now() + Duration::from_secs(600);
-            loop {
-                let st = q.query_status().await.map_err(|e| e.to_string())?;
-                if st != "inmigrate" {
-                    break;
-                }
-                if Instant::now() > deadline {
-                    return Err("restore did not finish in 600 s".to_string());
-                }
-                tokio::time::sleep(Duration::from_millis(5)).await;
-            }
-            let m = q.query_migrate().await.map_err(|e| e.to_string())?;
-            if m.status == "failed" {
-                return Err(format!(
-                    "restore failed: {}",
-                    m.error.unwrap_or_else(|| "unknown error".into())
-                ));
-            }
-            Ok(q)
-        };
-        let restored = tokio::select! {
-            r = restore => r,
-            st = child.wait() => Err(format!("QEMU exited during the restore ({st:?})")),
-        };
-        let mut q = match restored {
-            Ok(q) => q,
-            Err(e) => {
-                let _ = child.start_kill();
-                let _ = child.wait().await;
-                let log = std::fs::read_to_string(self.vm_dir.join("qemu.log")).unwrap_or_default();
-                let tail: Vec<&str> = log.lines().rev().take(3).collect();
-                return Err(vm_err(format!(
-                    "restore microVM {}: {e}; qemu: {}",
-                    self.id,
-                    tail.into_iter().rev().collect::<Vec<_>>().join(" | ")
-                )));
-            }
-        };
+            .map_err(|e| vm_err(format!("restore microVM {}: {e}", self.id)))?;
         let Phase::Paused(parked) = std::mem::replace(&mut *phase, Phase::Gone) else {
             unreachable!("checked above under the same lock")
         };
@@ -673,6 +617,121 @@ impl Vm {
         self.pid.store(0, Ordering::SeqCst);
         let _ = self.dead_tx.send(true);
         result
+    }
+}
+
+/// Starts QEMU with `launch` paused for an incoming migration and restores `snap` into it:
+/// returns the process (not yet continued), its aether channel stream and its QMP connection.
+/// On error the process is ended.
+async fn restore_process(
+    launch: &Launch,
+    vm_dir: &Path,
+    snap: &Path,
+) -> Result<(tokio::process::Child, i32, UnixStream, Qmp), String> {
+    let Started {
+        mut child,
+        pid,
+        stream,
+    } = start_qemu(launch, vm_dir, &["-S", "-incoming", "defer"]).await?;
+    let uri = format!(
+        "exec:cat {}",
+        crate::microvm::cpio::shell_quote(&snap.display().to_string())
+    );
+    let restore = async {
+        let mut q = Qmp::connect_retry(&vm_dir.join("qmp.sock"), Duration::from_secs(10))
+            .await
+            .map_err(|e| e.to_string())?;
+        if launch.shared_memory() {
+            q.set_capabilities(&[("x-ignore-shared", true)])
+                .await
+                .map_err(|e| e.to_string())?;
+        }
+        q.migrate_incoming(&uri).await.map_err(|e| e.to_string())?;
+        let deadline = Instant::now() + Duration::from_secs(600);
+        loop {
+            let st = q.query_status().await.map_err(|e| e.to_string())?;
+            if st != "inmigrate" {
+                break;
+            }
+            if Instant::now() > deadline {
+                return Err("restore did not finish in 600 s".to_string());
+            }
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        let m = q.query_migrate().await.map_err(|e| e.to_string())?;
+        if m.status == "failed" {
+            return Err(format!(
+                "restore failed: {}",
+                m.error.unwrap_or_else(|| "unknown error".into())
+            ));
+        }
+        Ok(q)
+    };
+    let restored = tokio::select! {
+        r = restore => r,
+        st = child.wait() => Err(format!("QEMU exited during the restore ({st:?})")),
+    };
+    match restored {
+        Ok(q) => Ok((child, pid, stream, q)),
+        Err(e) => {
+            let _ = child.start_kill();
+            let _ = child.wait().await;
+            let log = std::fs::read_to_string(vm_dir.join("qemu.log")).unwrap_or_default();
+            let tail: Vec<&str> = log.lines().rev().take(3).collect();
+            Err(format!(
+                "{e}; qemu: {}",
+                tail.into_iter().rev().collect::<Vec<_>>().join(" | ")
+            ))
+        }
+    }
+}
+
+impl Vm {
+    /// Starts a new guest as a clone of a template snapshot (`snap`, taken of a guest with the
+    /// same command line shape, see [`super::template`]): QEMU restores it, a fresh aether
+    /// channel is attached before the guest runs, then `cont`. The guest's aether keeps serving
+    /// as it did in the template; the caller gives it its own identity.
+    pub async fn restore_clone(
+        id: &str,
+        vm_dir: &Path,
+        launch: Launch,
+        snap: &Path,
+    ) -> Result<Vm, String> {
+        let args_json = serde_json::to_vec(&launch).map_err(|e| format!("encode args: {e}"))?;
+        std::fs::write(vm_dir.join(ARGS_FILE), args_json)
+            .map_err(|e| format!("write {ARGS_FILE}: {e}"))?;
+        let (child, pid, stream, mut q) = restore_process(&launch, vm_dir, snap).await?;
+        let (client_end, edge_end) = UnixStream::pair().map_err(|e| format!("socketpair: {e}"))?;
+        let aether = AetherClient::new(client_end);
+        let (edge_r, edge_w) = edge_end.into_split();
+        let intentional = Arc::new(AtomicBool::new(false));
+        let relay = Relay::start(edge_r, edge_w, stream, Vec::new(), intentional.clone());
+        let (dead_tx, dead_rx) = watch::channel(false);
+        let dead_tx = Arc::new(dead_tx);
+        let died = Arc::new(Mutex::new(None));
+        let exited = spawn_waiter(child, intentional.clone(), dead_tx.clone(), died.clone());
+        let vm = Vm {
+            id: id.to_string(),
+            vm_dir: vm_dir.to_path_buf(),
+            launch,
+            aether,
+            phase: tokio::sync::Mutex::new(Phase::Running(Proc {
+                pid,
+                exited,
+                intentional,
+                relay,
+            })),
+            pid: AtomicI32::new(pid),
+            paused: AtomicBool::new(false),
+            dead_tx,
+            dead_rx,
+            died,
+        };
+        if let Err(e) = q.cont().await {
+            let _ = vm.kill().await;
+            return Err(format!("cont after restore: {e}"));
+        }
+        Ok(vm)
     }
 }
 
