@@ -24,17 +24,14 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "tests"))
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "sdk", "python"))
 
 from helpers import debian_tar, find_dsec_bin  # noqa: E402
-from netfixture import CONFIG, PYPI, SRV_NS, TABLE, NetUp, TestServers  # noqa: E402
+from netfixture import PYPI, SRV_NS, NetUp, TestServers  # noqa: E402
 from network import SEND, sink, sink_result  # noqa: E402  (bench/network.py)
+from test_vm_network import own_config  # noqa: E402
 
 import dsec  # noqa: E402
 
 BENCH_TABLE = "dsecbvm"
-BENCH_CONFIG = (CONFIG.replace(f'table = "{TABLE}"', f'table = "{BENCH_TABLE}"')
-                .replace('veth_prefix = "dst"', 'veth_prefix = "dsb"')
-                .replace('gateway_interface = "dsect0"', 'gateway_interface = "dsect8"')
-                .replace("10.231.0.0/16", "10.238.0.0/16")
-                .replace("fd00:d5ed::/64", "fd00:d5e8::/64"))
+BENCH_CONFIG = own_config(BENCH_TABLE, "dsb", 8)
 ALLOW = {"mode": "allowlist", "rules": [{"cidr": f"{PYPI}/32", "ports": "9000", "protocol": "tcp"}]}
 
 

@@ -32,14 +32,21 @@ VM_DISK = CACHE / "vm" / "debian.qcow2"
 QEMU = os.environ.get("DSEC_QEMU", "qemu-system-x86_64")
 BODY = "reference-solution-42"
 
-# This file's edge has its own table, prefixes, gateway and subnets (edges on one host must not
-# share them), so it can run beside another networked edge.
+
+
+def own_config(table: str, veth_prefix: str, n: int) -> str:
+    """tests/netfixture.py's CONFIG with its own table, veth prefix, gateway interface
+    (`dsect<n>`) and subnets (10.23<n>.0.0/16, fd00:d5e<n>::/64): edges on one host must not
+    share them, so this edge can run beside another networked one."""
+    return (CONFIG.replace(f'table = "{TABLE}"', f'table = "{table}"')
+            .replace('veth_prefix = "dst"', f'veth_prefix = "{veth_prefix}"')
+            .replace('gateway_interface = "dsect0"', f'gateway_interface = "dsect{n}"')
+            .replace("10.231.0.0/16", f"10.23{n}.0.0/16")
+            .replace("fd00:d5ed::/64", f"fd00:d5e{n}::/64"))
+
+
 VM_TABLE = "dsectvm"
-VM_CONFIG = (CONFIG.replace(f'table = "{TABLE}"', f'table = "{VM_TABLE}"')
-             .replace('veth_prefix = "dst"', 'veth_prefix = "dsw"')
-             .replace('gateway_interface = "dsect0"', 'gateway_interface = "dsect9"')
-             .replace("10.231.0.0/16", "10.239.0.0/16")
-             .replace("fd00:d5ed::/64", "fd00:d5e9::/64"))
+VM_CONFIG = own_config(VM_TABLE, "dsw", 9)
 GATEWAY = "10.239.0.1"
 
 

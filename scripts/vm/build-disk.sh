@@ -24,7 +24,7 @@ MODULES=(virtio_pci virtio_blk virtio_console qemu_fw_cfg virtio_net)
 
 # Rebuilt when this script, the root tarball or the aether binary (it is baked in) changed.
 AETHER=${DSEC_AETHER:-$(dirname "$DSEC")/dsec-aether}
-stamp=$( (cat "$0"; stat -c %s "$ROOT_TAR"; stat -c %Y "$ROOT_TAR"; sha256sum < "$AETHER" 2>/dev/null) \
+stamp=$( (cat "$0" "$HERE/guest-net.sh"; stat -c %s "$ROOT_TAR"; stat -c %Y "$ROOT_TAR"; sha256sum < "$AETHER" 2>/dev/null) \
          | sha256sum | cut -c1-16)
 if [[ -s $OUT/debian.qcow2 && "$(cat "$OUT/stamp" 2>/dev/null)" == "$stamp" ]]; then
     echo "[dsec] VM disk image present: $OUT/debian.qcow2 (kernel $(cat "$OUT/kernel-version"))"
@@ -114,36 +114,13 @@ while read -r m; do
     esac
     insmod "$m" || fail "insmod $m"
 done < /modules.order
-# A networked VM (fw_cfg item IPV4,GATEWAY,IPV6|-,MTU,MAC): the sandbox's own address as a /32
-# (/128) behind the gateway, which is also the edge's DNS proxy; the host side filters.
+# A networked VM (fw_cfg item IPV4,GATEWAY,IPV6|-,MTU,MAC; scripts/vm/guest-net.sh).
 netcfg=
 [ -f $netcfg_file ] && netcfg=$(cat $netcfg_file)
 if [ -n "$netcfg" ]; then
-    ifs=$IFS; IFS=,
-    # shellcheck disable=SC2086
-    set -- $netcfg
-    IFS=$ifs
-    n4=$1 ngw=$2 n6=$3 nmtu=$4 nmac=$5
-    nif=
-    for t in $(seq 1 500); do
-        for l in /sys/class/net/*; do
-            [ "$(cat "$l/address" 2>/dev/null)" = "$nmac" ] && nif=${l##*/}
-        done
-        [ -n "$nif" ] && break
-        sleep 0.01
-    done
-    [ -n "$nif" ] || fail "no network interface with MAC $nmac"
-    echo 0 > "/proc/sys/net/ipv6/conf/$nif/accept_dad" 2>/dev/null
-    ip link set lo up
-    ip link set "$nif" mtu "$nmtu" up || fail "bring $nif up"
-    ip addr add "$n4/32" dev "$nif" || fail "address $n4"
-    ip route add "$ngw/32" dev "$nif" || fail "route to $ngw"
-    ip route add default via "$ngw" dev "$nif" || fail "default route"
-    if [ "$n6" != - ]; then
-        ip -6 addr add "$n6/128" dev "$nif" || fail "address $n6"
-        ip -6 route add default via fe80::1 dev "$nif" || fail "IPv6 default route"
-    fi
-    echo "dsec-initrd: network $nif $n4 via $ngw"
+    . /dsec-net.sh
+    dsec_net_up "$netcfg"
+    echo "dsec-initrd: network on $dsec_nic via $dsec_gateway"
 fi
 root=; init=/sbin/init; rootfstype=ext4; ro=rw
 for a in $(cat /proc/cmdline); do
@@ -158,17 +135,14 @@ done
 for t in $(seq 1 500); do [ -b "$root" ] && break; sleep 0.01; done
 [ -b "$root" ] || fail "root device $root did not appear"
 mount -t "$rootfstype" -o "$ro" "$root" /newroot || fail "mount $root"
-if [ -n "$netcfg" ] && [ "$ro" = rw ]; then
-    rm -f /newroot/etc/resolv.conf
-    printf '# written by dsec: the edge DNS proxy answers only allowed names\nnameserver %s\noptions attempts:1 timeout:1\n' "$ngw" \
-        > /newroot/etc/resolv.conf || fail "write /etc/resolv.conf"
-fi
+[ -n "$netcfg" ] && [ "$ro" = rw ] && dsec_net_resolv /newroot
 mount --move /dev /newroot/dev 2>/dev/null || umount /dev
 umount /sys
 umount /proc
 exec switch_root /newroot "$init"
 EOF
 chmod 0755 "$R/init"
+install -m 0644 "$HERE/guest-net.sh" "$R/dsec-net.sh"
 (cd "$R" && find . -print0 | sort -z | cpio --null -o -H newc --quiet -R 0:0) | gzip -9 > "$work/initrd.img"
 
 # --- the disk: MBR + one bootable ext4 partition ----------------------------------------

@@ -11,13 +11,14 @@ set -euo pipefail
 CACHE=${DSEC_CACHE:-/var/cache/dsec}
 OUT=$CACHE/guest
 INIT_SRC=$(cd "$(dirname "$0")" && pwd)/init.sh
+NET_SRC=$(dirname "$INIT_SRC")/guest-net.sh
 # ext4 (the writable disk) is built into Debian's cloud kernel. virtio_balloon: free page
 # reporting; virtio_pmem + nd_pmem: read-only layers mapped with DAX from the host's page cache.
 # virtio_net (with failover, net_failover): the NIC of VMs with network mode allowlist/open.
 MODULES=(virtio_mmio virtio_pci virtio_blk virtio_console erofs overlay virtio_balloon virtio_pmem nd_pmem virtio_net)
 
 # Rebuild when the /init script changed since the last build.
-stamp=$(cat "$INIT_SRC" "$0" | sha256sum | cut -c1-16)
+stamp=$(cat "$INIT_SRC" "$NET_SRC" "$0" | sha256sum | cut -c1-16)
 if [[ -s $OUT/vmlinuz && -s $OUT/initrd.img && "$(cat "$OUT/stamp" 2>/dev/null)" == "$stamp" ]]; then
     echo "[dsec] microVM guest present in $OUT (kernel $(cat "$OUT/kernel-version"))"
     exit 0
@@ -65,6 +66,7 @@ for a in sh mount umount mkdir insmod modprobe switch_root cat ls sleep echo hos
     ln -s busybox "$R/bin/$a"
 done
 install -m 0755 "$INIT_SRC" "$R/init"
+install -m 0644 "$NET_SRC" "$R/dsec-net.sh"
 
 # Modules and their dependencies, in load order (modules.dep lists dependencies of each).
 mdir=$work/k/lib/modules/$kver

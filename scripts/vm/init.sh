@@ -56,37 +56,11 @@ while read -r m; do
 done < /modules.order
 
 t modules-loaded
-# The NIC (found by its MAC): the sandbox's own address as a /32 (/128) behind the gateway,
-# which answers for everything (the host side routes and filters); no DAD (nobody else can
-# hold the address on this link).
+# The NIC of a VM with network (scripts/vm/guest-net.sh).
 if [ -n "$netcfg" ]; then
-    ifs=$IFS
-    IFS=,
-    # shellcheck disable=SC2086
-    set -- $netcfg
-    IFS=$ifs
-    n4=$1 ngw=$2 n6=$3 nmtu=$4 nmac=$5
-    nif=
-    for t in $(seq 1 500); do
-        for l in /sys/class/net/*; do
-            [ "$(cat "$l/address" 2>/dev/null)" = "$nmac" ] && nif=${l##*/}
-        done
-        [ -n "$nif" ] && break
-        sleep 0.01
-    done
-    [ -n "$nif" ] || fail "no network interface with MAC $nmac"
-    ip link set lo up
-    echo 0 > "/proc/sys/net/ipv6/conf/$nif/accept_dad" 2>/dev/null
-    ip link set "$nif" mtu "$nmtu" || fail "set the MTU of $nif"
-    ip link set "$nif" up || fail "bring $nif up"
-    ip addr add "$n4/32" dev "$nif" || fail "address $n4 on $nif"
-    ip route add "$ngw/32" dev "$nif" || fail "route to $ngw"
-    ip route add default via "$ngw" dev "$nif" || fail "default route via $ngw"
-    if [ "$n6" != - ]; then
-        ip -6 addr add "$n6/128" dev "$nif" || fail "address $n6 on $nif"
-        ip -6 route add default via fe80::1 dev "$nif" || fail "IPv6 default route"
-    fi
-    t "network $nif $n4 via $ngw"
+    . /dsec-net.sh
+    dsec_net_up "$netcfg"
+    t "network on $dsec_nic via $dsec_gateway"
 fi
 n=0
 for a in $(cat /proc/cmdline); do
@@ -229,13 +203,7 @@ mount -t tmpfs -o mode=0755 dsec /newroot/.dsec
 cp /dsec-aether /newroot/.dsec/aether || fail "no /dsec-aether in the initramfs"
 chmod 0755 /newroot/.dsec/aether
 [ -f /dsec-hostname ] && hostname "$(cat /dsec-hostname)"
-if [ -n "$netcfg" ]; then
-    # The edge's DNS proxy answers on the gateway address (only names the sandbox may resolve).
-    mkdir -p /newroot/etc
-    rm -f /newroot/etc/resolv.conf
-    printf '# written by dsec: the edge DNS proxy answers only allowed names\nnameserver %s\noptions attempts:1 timeout:1\n' "$ngw" \
-        > /newroot/etc/resolv.conf || fail "write /etc/resolv.conf"
-fi
+[ -n "$netcfg" ] && dsec_net_resolv /newroot
 [ -f /dsec-env ] && . /dsec-env
 
 # The sandbox user and sandbox-wide environment reach aether as --user / --env-file (the
