@@ -496,6 +496,10 @@ impl Manager {
     /// reason) left so `GET` tells what happened. The substrate then reaps every cgroup no
     /// adopted sandbox owns. Returns the ids cleaned up (not the adopted ones).
     pub async fn recover(self: &Arc<Self>) -> Vec<String> {
+        let trash = self.cfg.edge_dir().join(records::TRASH_DIR);
+        if let Err(e) = records::empty_trash(&trash) {
+            tracing::error!(dir = %trash.display(), error = %e, "empty the trash of ended sandboxes");
+        }
         let dir = self.cfg.sandboxes_dir();
         let found = match records::scan(&dir) {
             Ok(f) => f,
@@ -833,14 +837,13 @@ impl Manager {
             created_ms,
             last_request_ms: created_ms,
         };
-        let prepared = std::fs::create_dir_all(&dir)
-            .map_err(|e| EdgeError::internal(&format!("create {}", dir.display()), &e))
-            .and_then(|()| {
-                records::write(&dir, &record).map_err(|e| EdgeError::internal("persist record", &e))
-            });
-        if let Err(e) = prepared {
-            let _ = remove_dir(&dir);
-            return Err(e);
+        // The record is written once the sandbox runs: a crash before leaves a directory
+        // without one, which the recovery at start cleans up (its cgroup is reaped by name).
+        if let Err(e) = std::fs::create_dir_all(&dir) {
+            return Err(EdgeError::internal(
+                &format!("create {}", dir.display()),
+                &e,
+            ));
         }
         // Network namespace, rules and disk limit (issue 8); rolled back with the directory.
         let extras = match crate::network::hook::prepare(&self.net, &self.cfg, id, &dir, req).await
@@ -896,13 +899,12 @@ impl Manager {
         );
         info.state = SandboxState::Running;
         info.create_ms = Some(started.elapsed().as_secs_f64() * 1000.0);
+        info.boot = sandbox.boot_kind().map(str::to_string);
         record.info = info.clone();
         record.pid = sandbox.pid();
         let persisted = match qos {
-        info.boot = sandbox.boot_kind().map(str::to_string);
-            Ok(_) => {
-                records::write(&dir, &record).map_err(|e| EdgeError::internal("persist record", &e))
-            }
+            Ok(_) => records::write_new(&dir, &record)
+                .map_err(|e| EdgeError::internal("persist record", &e)),
             Err(e) => Err(EdgeError::Internal(format!(
                 "apply QoS class {:?}: {e}",
                 v.qos
@@ -965,14 +967,42 @@ impl Manager {
         let oom_kills = entry.sandbox.usage().oom_kills;
         lock(&entry.info).state = SandboxState::Stopping;
         let mut problems = Vec::new();
+        let t0 = Instant::now();
+        // The directory leaves `sandboxes/` with one rename into the trash and is removed in
+        // the background once the sandbox is dead (flushed at shutdown, emptied at start): the
+        // stop waits for no unlink. A container's directory moves before the kill (its mounts
+        // live only in its own mount namespace, which holds them by reference, and its
+        // substrate then finds its subdirectories gone); VM drivers still use files in theirs
+        // while they destroy, so theirs moves after.
+        let trash = self.cfg.edge_dir().join(records::TRASH_DIR);
+        let early = lock(&entry.info).substrate == Substrate::Container;
+        let moved = early.then(|| records::move_to_trash(&entry.dir, &trash)).flatten();
+        let dir = moved.clone().unwrap_or_else(|| entry.dir.clone());
         if let Err(e) = entry.sandbox.destroy().await {
             problems.push(format!("destroy: {e}"));
         }
-        crate::network::hook::release(&self.net, &entry.id, &entry.dir).await;
+        let destroyed = t0.elapsed();
+        crate::network::hook::release(&self.net, &entry.id, &dir).await;
         drop(lock(&entry.lease).take());
-        if let Err(e) = remove_dir(&entry.dir) {
+        let released = t0.elapsed();
+        let removed = match moved {
+            Some(d) => {
+                records::remove_in_background(d);
+                Ok(())
+            }
+            None => records::retire(&entry.dir, &trash),
+        };
+        if let Err(e) = removed {
             problems.push(format!("remove {}: {e}", entry.dir.display()));
         }
+        let ms = |d: std::time::Duration| d.as_secs_f64() * 1e3;
+        tracing::debug!(
+            sandbox = %entry.id,
+            destroy_ms = ms(destroyed),
+            release_ms = ms(released - destroyed),
+            retire_ms = ms(t0.elapsed() - released),
+            "sandbox torn down"
+        );
         let mut info = entry.info();
         match &why {
             End::Stopped(reason) => {
@@ -1759,7 +1789,13 @@ impl Manager {
             .iter()
             .map(|e| self.finish(e, End::Stopped("the edge shut down".into())));
         futures::future::join_all(stops).await;
+        if let Some(Ok(d)) = self.microvm.get() {
+            d.shutdown().await;
+        }
         self.net.shutdown().await;
+        if !records::flush_retired(std::time::Duration::from_secs(30)).await {
+            tracing::error!("directories of ended sandboxes still being removed at shutdown");
+        }
         if let Err(e) = self.images.unmount_all() {
             tracing::error!(error = %e, "unmount image layers");
         }
@@ -1789,9 +1825,6 @@ mod tests {
 
     fn req(image: &str) -> CreateSandboxRequest {
         CreateSandboxRequest {
-        if let Some(Ok(d)) = self.microvm.get() {
-            d.shutdown().await;
-        }
             image: image.into(),
             ..Default::default()
         }

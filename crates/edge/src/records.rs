@@ -73,6 +73,114 @@ pub fn write(dir: &Path, record: &SandboxRecord) -> Result<(), RecordError> {
     Ok(())
 }
 
+/// Writes the first `<dir>/record.json` of a sandbox straight into place (no temp file and
+/// rename: there is nothing to replace). A torn write (the edge crashed inside it) reads as an
+/// unreadable record, which the recovery at start cleans up like a sandbox it cannot re-adopt.
+pub fn write_new(dir: &Path, record: &SandboxRecord) -> Result<(), RecordError> {
+    let path = dir.join(RECORD_FILE);
+    let werr = |source| RecordError::Write {
+        path: path.clone(),
+        source,
+    };
+    let json = serde_json::to_vec(record).map_err(|e| werr(std::io::Error::other(e)))?;
+    let mut f = std::fs::File::options()
+        .write(true)
+        .create_new(true)
+        .open(&path)
+        .map_err(werr)?;
+    f.write_all(&json).map_err(werr)?;
+    Ok(())
+}
+
+/// Where the directories of ended sandboxes wait for their removal: `<edge>/trash`.
+pub const TRASH_DIR: &str = "trash";
+
+/// Directories handed to [`retire`] whose removal has not finished.
+static RETIRING: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+
+/// Takes an ended sandbox's directory out of `sandboxes/` with one rename into `trash` and
+/// removes it on a blocking thread: the stop answers without waiting for the file system (each
+/// unlink and rmdir of the tree can wait milliseconds for the journal on a busy host). Falls
+/// back to removing in place when the rename fails. [`flush_retired`] waits for the removals;
+/// [`empty_trash`] at start removes what a crash left. A missing `dir` is fine.
+pub fn retire(dir: &Path, trash: &Path) -> std::io::Result<()> {
+    match move_to_trash(dir, trash) {
+        Some(moved) => {
+            remove_in_background(moved);
+            Ok(())
+        }
+        None => remove_tree(dir),
+    }
+}
+
+/// The first half of [`retire`]: renames `dir` into `trash` and returns where it is now;
+/// `None` when it is missing or could not be moved (then it is still at `dir`).
+pub fn move_to_trash(dir: &Path, trash: &Path) -> Option<PathBuf> {
+    let dest = trash.join(dir.file_name()?);
+    let mut renamed = std::fs::rename(dir, &dest);
+    if matches!(&renamed, Err(e) if e.kind() == std::io::ErrorKind::NotFound) {
+        if !dir.exists() {
+            return None;
+        }
+        // The trash itself is missing (removed by hand): make it and retry once.
+        if let Err(e) = std::fs::create_dir_all(trash) {
+            tracing::warn!(dir = %trash.display(), error = %e, "create the trash");
+        }
+        renamed = std::fs::rename(dir, &dest);
+    }
+    match renamed {
+        Ok(()) => Some(dest),
+        Err(e) => {
+            tracing::warn!(dir = %dir.display(), error = %e, "move sandbox dir to the trash");
+            None
+        }
+    }
+}
+
+/// The second half of [`retire`]: removes `dir` (a tree in the trash) on a blocking thread
+/// (inline without a tokio runtime).
+pub fn remove_in_background(dir: PathBuf) {
+    RETIRING.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+    let remove = move || {
+        if let Err(e) = remove_tree(&dir) {
+            tracing::error!(dir = %dir.display(), error = %e, "remove retired sandbox dir");
+        }
+        RETIRING.fetch_sub(1, std::sync::atomic::Ordering::SeqCst);
+    };
+    match tokio::runtime::Handle::try_current() {
+        Ok(h) => {
+            h.spawn_blocking(remove);
+        }
+        Err(_) => remove(),
+    }
+}
+
+/// Waits (up to `limit`) until every [`retire`]d directory is removed; true when none is left.
+pub async fn flush_retired(limit: std::time::Duration) -> bool {
+    let deadline = tokio::time::Instant::now() + limit;
+    while RETIRING.load(std::sync::atomic::Ordering::SeqCst) > 0 {
+        if tokio::time::Instant::now() >= deadline {
+            return false;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+    }
+    true
+}
+
+/// Removes whatever a crashed edge left in `trash` and makes sure the (empty) trash exists.
+pub fn empty_trash(trash: &Path) -> std::io::Result<()> {
+    remove_tree(trash)?;
+    std::fs::create_dir_all(trash)
+}
+
+/// Removes a directory tree; a missing one is fine.
+fn remove_tree(dir: &Path) -> std::io::Result<()> {
+    match std::fs::remove_dir_all(dir) {
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
+        other => other,
+    }
+}
+
 /// Reads `<dir>/record.json`.
 pub fn read(dir: &Path) -> Result<SandboxRecord, RecordError> {
     let path = dir.join(RECORD_FILE);
@@ -201,6 +309,52 @@ mod tests {
         assert!(found[0].record.is_ok());
         assert!(matches!(found[1].record, Err(RecordError::Read { .. })));
         assert!(scan(&tmp.path().join("missing")).unwrap().is_empty());
+    }
+
+    #[test]
+    fn first_record_and_retire() {
+        let tmp = tempfile::tempdir().unwrap();
+        let dir = tmp.path().join("sandboxes/sb-n0-0000000000000003");
+        let trash = tmp.path().join(TRASH_DIR);
+        std::fs::create_dir_all(dir.join("upper/run")).unwrap();
+        let rec = SandboxRecord {
+            info: info("sb-n0-0000000000000003"),
+            pid: 7,
+            image: "busybox".into(),
+            env: Default::default(),
+            created_ms: 1,
+            last_request_ms: 1,
+        };
+        write_new(&dir, &rec).unwrap();
+        assert_eq!(read(&dir).unwrap().pid, 7);
+        assert!(
+            write_new(&dir, &rec).is_err(),
+            "the first record must not exist yet"
+        );
+        // No trash yet: made on demand; no runtime: removed inline.
+        retire(&dir, &trash).unwrap();
+        assert!(!dir.exists());
+        assert_eq!(std::fs::read_dir(&trash).unwrap().count(), 0);
+        retire(&dir, &trash).unwrap();
+        std::fs::create_dir_all(trash.join("left/over")).unwrap();
+        empty_trash(&trash).unwrap();
+        assert!(trash.is_dir() && std::fs::read_dir(&trash).unwrap().count() == 0);
+    }
+
+    #[tokio::test]
+    async fn retire_in_the_background() {
+        let tmp = tempfile::tempdir().unwrap();
+        let trash = tmp.path().join(TRASH_DIR);
+        empty_trash(&trash).unwrap();
+        for i in 0..5 {
+            let dir = tmp.path().join(format!("sb-n0-000000000000001{i}"));
+            std::fs::create_dir_all(dir.join("upper/a/b")).unwrap();
+            std::fs::write(dir.join("record.json"), "{}").unwrap();
+            retire(&dir, &trash).unwrap();
+            assert!(!dir.exists());
+        }
+        assert!(flush_retired(std::time::Duration::from_secs(10)).await);
+        assert_eq!(std::fs::read_dir(&trash).unwrap().count(), 0);
     }
 
     #[test]

@@ -661,6 +661,8 @@ pub struct NodeCapabilities {
     pub zram: Capability,
     /// Kernel same-page merging.
     pub ksm: Capability,
+    /// cgroup `favordynmods` held on (cheap `cgroup.procs` moves: no RCU grace period per move).
+    pub cgroup_favordynmods: Capability,
 }
 
 /// Admission figures of one node (memory in MiB, CPU in cores). `used` is the measured

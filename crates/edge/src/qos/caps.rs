@@ -28,6 +28,8 @@ pub struct Caps {
     pub damon: Capability,
     pub zram: Capability,
     pub ksm: Capability,
+    /// cgroup `favordynmods` (turned on by the container substrate at start).
+    pub cgroup_favordynmods: Capability,
 }
 
 fn yes(detail: impl Into<String>) -> Capability {
@@ -123,7 +125,13 @@ impl Caps {
             Ok(s) => yes(format!("ksm/run={}", s.trim())),
             Err(_) => no("no /sys/kernel/mm/ksm"),
         };
+        let cgroup_favordynmods = match dsec_runtime::cgroup::favor::status() {
+            Some(f) if f.is_on() => yes(f.detail()),
+            Some(f) => no(f.detail()),
+            None => no("not enabled (no container substrate in this process)"),
+        };
         Caps {
+            cgroup_favordynmods,
             cgroup_version: cgroup_version.into(),
             cpu_idle,
             core_scheduling: core_sched,
@@ -148,6 +156,7 @@ impl Caps {
             damon: self.damon.clone(),
             zram: self.zram.clone(),
             ksm: self.ksm.clone(),
+            cgroup_favordynmods: self.cgroup_favordynmods.clone(),
         }
     }
 }
@@ -226,8 +235,9 @@ impl std::fmt::Display for Caps {
         };
         write!(
             f,
-            "cgroup {}, cpu.idle: {}, core scheduling: {}, SCHED_IDLE: {}, SMT: {}, PSI: {}, DAMON: {}, zram: {}, KSM: {}",
+            "cgroup {}, favordynmods: {}, cpu.idle: {}, core scheduling: {}, SCHED_IDLE: {}, SMT: {}, PSI: {}, DAMON: {}, zram: {}, KSM: {}",
             self.cgroup_version,
+            show(&self.cgroup_favordynmods),
             show(&self.cpu_idle),
             show(&self.core_scheduling),
             show(&self.sched_idle),

@@ -15,6 +15,7 @@
 //! (a hybrid host's empty v2 mount at `<root>/unified` is ignored). The root is a parameter so
 //! the parsing and path logic can be tested against fixture files in a temporary directory.
 
+pub mod favor;
 pub mod qos;
 pub mod v1;
 pub mod v2;

@@ -67,8 +67,12 @@ pub struct ContainerSubstrate {
 
 impl ContainerSubstrate {
     /// A substrate using the host's cgroup hierarchy at `/sys/fs/cgroup` and the default masks.
+    /// Turns the node's `favordynmods` setting on (once per process, see
+    /// [`crate::cgroup::favor`]): cgroup moves of every create then skip an RCU grace period.
     pub fn new(config: ContainerConfig) -> Self {
-        Self::with_cgroup_root(config, CgroupRoot::detect())
+        let root = CgroupRoot::detect();
+        crate::cgroup::favor::ensure(&root);
+        Self::with_cgroup_root(config, root)
     }
 
     pub fn with_cgroup_root(config: ContainerConfig, cgroup_root: CgroupRoot) -> Self {
@@ -433,6 +437,7 @@ impl Substrate for ContainerSubstrate {
 
     async fn destroy(&self, sb: &ContainerSandbox) -> Result<(), DestroySandboxError> {
         let p = &sb.process;
+        let t0 = std::time::Instant::now();
         if sb.is_frozen() {
             // A frozen (paused) task does not die of SIGKILL under the v1 freezer.
             let _ = sb.resume().await;
@@ -450,11 +455,20 @@ impl Substrate for ContainerSubstrate {
             what: what.to_string(),
             source: io::Error::other(e),
         };
+        let exited = t0.elapsed();
         p.kill().await.map_err(|e| io_err("kill aether", e))?;
+        let killed = t0.elapsed();
         teardown(sb.cgroup.clone(), sb.dirs.clone())
             .await
             .map_err(|e| io_err("remove cgroup and dirs", e))?;
-        tracing::info!(sandbox = %sb.id, "container destroyed");
+        let ms = |d: Duration| d.as_secs_f64() * 1e3;
+        tracing::info!(
+            sandbox = %sb.id,
+            exit_ms = ms(exited),
+            kill_ms = ms(killed - exited),
+            teardown_ms = ms(t0.elapsed() - killed),
+            "container destroyed"
+        );
         Ok(())
     }
 
