@@ -261,22 +261,41 @@ def test_repeated_cycles_failed_create_and_edge_crash_leave_nothing(vclient, vno
                             timeout=300)
     left = wait_clean(vnode, Path(vnode.data_dir) / "no-such-dir")
     assert not left and not qemu_pids_for(vnode.data_dir), f"left after a failed create: {left}"
-    # The edge crashes with a networked microVM running: the restarted edge reaps the
-    # namespace, veth and chains (orphans), and the guest's QEMU ends with its channel.
-    sb = vclient.run_microvm(DSecMicroVMRunArgs(container_image="busybox", network=NET), timeout=300)
+    # The edge crashes with two networked microVMs: one paused, one running (mode open). The
+    # restarted edge re-adopts the paused one, whose resume enters the same namespace again, and
+    # reaps the running one's namespace, veth and chains (its QEMU ends with its channel).
+    kept = vclient.run_microvm(DSecMicroVMRunArgs(container_image="busybox", network=NET), timeout=300)
+    kept_dir = vm_dir_of(vnode, kept)
+    assert ok(kept, get(f"http://{NPM}/"))
+    kept_ns = netns_of(qemu_pids_for(str(kept_dir))[0])
+    kept.pause()
+    norm = lambda d: {k: sorted(v) for k, v in d.items()}  # noqa: E731
+    with_kept = norm(vnode.leftovers())
+    assert kept_ns in with_kept["netns"], with_kept
+    sb = vclient.run_microvm(DSecMicroVMRunArgs(container_image="busybox", network={"mode": "open"}),
+                             timeout=300)
     vm_dir = vm_dir_of(vnode, sb)
-    assert ok(sb, get(f"http://{NPM}/"))
+    assert ok(sb, get(f"http://{NPM}/")) and ok(sb, get(f"http://{PYPI}:8080/")), "mode open reaches any port"
     assert len(qemu_pids_for(str(vm_dir))) == 1
     vnode.kill()
     vnode.restart()
     deadline = time.monotonic() + 60
     left = {}
     while time.monotonic() < deadline:
-        left = dict(vnode.leftovers())
+        now = norm(vnode.leftovers())
+        left = {} if now == with_kept else {"now": now, "expected": with_kept}
         if qemu_pids_for(str(vm_dir)):
             left["qemu"] = qemu_pids_for(str(vm_dir))
         if not left:
             break
         time.sleep(0.5)
     assert not left, f"left after an edge crash and restart: {left}"
+    try:
+        assert ok(kept, get(f"http://{NPM}/")), "the re-adopted VM's network after its resume"
+        assert not ok(kept, get(f"http://{PYPI}:8080/"))
+        assert netns_of(qemu_pids_for(str(kept_dir))[0]) == kept_ns
+    finally:
+        stop_quietly(kept)
+    left = wait_clean(vnode, kept_dir)
+    assert not left, f"left after stop: {left}"
     assert not any(l.startswith(("tap", "br")) for l in host_links() - links_before)
