@@ -15,7 +15,7 @@
 //! the driver that it was cloned).
 //!
 //! Templates live in `<edge dir>/microvm-templates/<key>/`, where the key is a SHA-256 (first
-//! 128 bits) over the shape, with content digests of the guest artefacts (layer files are named by their digest),
+//! 96 bits) over the shape, with content digests of the guest artefacts (layer files are named by their digest),
 //! so a changed kernel, initramfs, aether or layer never matches an old template. They are
 //! capped in number (least recently used goes first), re-used by a restarted edge when their
 //! key still matches, and removed when the edge stops. A template that fails to restore is
@@ -169,9 +169,9 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
-/// Hex digits of a key: the first 128 bits of the shape's SHA-256 (the key names the
+/// Hex digits of a key: the first 96 bits of the shape's SHA-256 (the key names the
 /// template's directory, which holds the VM's unix sockets while it is built).
-const KEY_HEX: usize = 32;
+const KEY_HEX: usize = 24;
 
 /// Whether `name` can be a template key.
 fn is_key(name: &str) -> bool {
@@ -420,7 +420,7 @@ fn hex_of(b: &[u8]) -> String {
     b.iter().map(|x| format!("{x:02x}")).collect()
 }
 
-/// The key of a shape: SHA-256 over its description (its first 128 bits, in hex).
+/// The key of a shape: SHA-256 over its description (its first 96 bits, in hex).
 pub fn key_of(shape: &str) -> String {
     hex_of(&Sha256::digest(shape.as_bytes())[..KEY_HEX / 2])
 }
