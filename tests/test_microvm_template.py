@@ -85,7 +85,10 @@ def template(tnode, client):
         )
     finally:
         stop_quietly(first)
-    return _ready_templates(tnode.templates_dir)[0]
+    t = _ready_templates(tnode.templates_dir)[0]
+    print(f"\ntemplate {t.name}: snapshot {(t / 'snapshot').stat().st_size} bytes, "
+          f"disk {(t / 'upper.img').stat().st_blocks * 512} bytes allocated")
+    return t
 
 
 @pytest.fixture(scope="module")
