@@ -77,12 +77,72 @@ def sink_result(p):
     return int(got), float(secs)
 
 
+def nft_scale(counts):
+    """Time of one sandbox's attach transaction through libnftables (what the edge does per
+    networked create) with N sandboxes already in the table, for the per-sandbox layout before
+    this change (four interval sets holding the static allows) and the current one (one rule per
+    allow, only the two DNS-grant sets, which have no intervals). Scratch table, removed after."""
+    import ctypes
+    lib = ctypes.CDLL("libnftables.so.1")
+    lib.nft_ctx_new.restype = ctypes.c_void_p
+    lib.nft_run_cmd_from_buffer.argtypes = [ctypes.c_void_p, ctypes.c_char_p]
+    lib.nft_ctx_buffer_output.argtypes = [ctypes.c_void_p]
+    lib.nft_ctx_buffer_error.argtypes = [ctypes.c_void_p]
+    ctx = lib.nft_ctx_new(0)
+    lib.nft_ctx_buffer_output(ctx)
+    lib.nft_ctx_buffer_error(ctx)
+
+    def run(script):
+        t = time.perf_counter()
+        rc = lib.nft_run_cmd_from_buffer(ctx, script.encode())
+        assert rc == 0, script
+        return (time.perf_counter() - t) * 1000
+
+    def attach(t, k, interval):
+        sets = [("d4", "ipv4_addr . inet_service; flags timeout;"), ("d6", "ipv6_addr . inet_service; flags timeout;")]
+        if interval:
+            sets += [("a4", "ipv4_addr . inet_proto . inet_service; flags interval;"),
+                     ("a6", "ipv6_addr . inet_proto . inet_service; flags interval;"),
+                     ("i4", "ipv4_addr; flags interval;"), ("i6", "ipv6_addr; flags interval;")]
+        s = f"add counter inet {t} sb_{k}_denied\n" + "".join(f"add set inet {t} sb_{k}_{n} {{ type {ty} }}\n" for n, ty in sets)
+        s += f"add chain inet {t} sb_{k}\nadd chain inet {t} sb_{k}_in\n"
+        if interval:
+            s += f"add element inet {t} sb_{k}_a4 {{ 198.18.7.0/24 . tcp . 1-65535 }}\n"
+            s += f"add rule inet {t} sb_{k} ip daddr . meta l4proto . th dport @sb_{k}_a4 accept\n"
+        else:
+            s += f"add rule inet {t} sb_{k} ip daddr 198.18.7.0/24 meta l4proto tcp th dport 1-65535 accept\n"
+        s += f"add rule inet {t} sb_{k} ip daddr . tcp dport @sb_{k}_d4 accept\n"
+        s += f"add rule inet {t} sb_{k} counter name sb_{k}_denied drop\n"
+        return s + f"add element inet {t} vf {{ \"v{k}\" : jump sb_{k} }}\n"
+
+    for interval in (True, False):
+        t = f"dsecbench{os.getpid()}"
+        run(f"add table inet {t}\nadd map inet {t} vf {{ type ifname : verdict; }}\n")
+        try:
+            n, out = 0, []
+            for target in counts:
+                while n < target:
+                    run(attach(t, f"x{n}", interval))
+                    n += 1
+                times = sorted(run(attach(t, f"p{target}_{i}", interval)) for i in range(5))
+                out.append(f"{target}: {times[2]:.2f} ms")
+            print(("interval sets (before)" if interval else "plain rules (now)") + " - attach p50 with N sandboxes in the table: " + ", ".join(out), flush=True)
+        finally:
+            run(f"delete table inet {t}\n")
+    print(f"reproduce: python3 bench/network.py --nft-scale {','.join(map(str, counts))} (load average {os.getloadavg()})")
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--n", type=int, default=30)
     ap.add_argument("--background", type=int, default=0,
                     help="networked sandboxes kept running during the create rounds")
+    ap.add_argument("--nft-scale", default="",
+                    help="only time the nftables attach with N sandboxes in the table, e.g. 0,100,300")
     a = ap.parse_args()
+    if a.nft_scale:
+        nft_scale([int(x) for x in a.nft_scale.split(",")])
+        return
     print("load average before:", os.getloadavg())
     srv = TestServers().start()
     up = NetUp(find_dsec_bin(), "benchnet")

@@ -131,10 +131,18 @@ mod tests {
             return;
         }
         let t = format!("dsec_libnft{}", std::process::id());
+        // Removes the scratch table even when an assertion below panics.
+        struct Scratch(String);
+        impl Drop for Scratch {
+            fn drop(&mut self) {
+                let _ = run(&format!("delete table inet {}\n", self.0));
+            }
+        }
         let Some(made) = run(&format!("add table inet {t}\nadd chain inet {t} c\n")) else {
             eprintln!("skip: libnftables.so.1 is not installed");
             return;
         };
+        let _scratch = Scratch(t.clone());
         made.unwrap();
         let listed = run(&format!("list chain inet {t} c\n")).unwrap().unwrap();
         assert!(listed.contains("chain c"), "{listed}");

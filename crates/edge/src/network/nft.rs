@@ -349,6 +349,15 @@ pub fn apply(script: &str) -> Result<(), NetError> {
 
 /// Packets counted by the sandbox's `denied` counter.
 pub fn denied_packets(b: &Base, key: &str) -> Result<u64, NetError> {
+    let cmd = format!("list counter inet {} {}\n", b.table, counter_name(key));
+    if let Some(r) = super::libnft::run(&cmd) {
+        return r
+            .map(|text| parse_packets(&text))
+            .map_err(|message| NetError::Tool {
+                tool: "nft",
+                message,
+            });
+    }
     let out = Command::new("nft")
         .args(["list", "counter", "inet", &b.table, &counter_name(key)])
         .output()

@@ -106,13 +106,24 @@ impl Network {
         lock(&self.alloc).give_back(s.host_no);
     }
 
-    /// Stops refilling and removes every spare (edge shutdown).
+    /// Stops refilling and removes every spare (edge shutdown). With no sandbox left attached
+    /// (a clean shutdown stops them all first), the table goes too: every table's base chains
+    /// run for every forwarded packet on the host, and libnftables reads every table before
+    /// each transaction, so tables of stopped edges must not pile up.
     pub async fn shutdown(&self) {
         self.pool_closed.store(true, Ordering::SeqCst);
         self.pool_kick.notify_one();
         let spares: Vec<Spare> = lock(&self.pool).drain(..).collect();
         for s in spares {
             self.discard_spare(s).await;
+        }
+        if self.init.initialized() && lock(&self.sandboxes).is_empty() {
+            let table = self.cfg.table.clone();
+            let _ = blocking(move || {
+                super::nft::delete_table(&table);
+                Ok(())
+            })
+            .await;
         }
     }
 
