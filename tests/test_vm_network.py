@@ -21,7 +21,7 @@ from typing import Optional
 import pytest
 
 import dsec
-from dsec import DSecMicroVMRunArgs
+from dsec import DSecMicroVMRunArgs, DSecVMRunArgs
 from helpers import find_dsec_bin, stop_quietly
 from netfixture import CONFIG, NPM, PYPI, PYPI6, SRV_NS, TABLE, NetUp, TestServers, denied, get, run, sh
 from vmfixture import missing, qemu_pids_for, skip_if
@@ -220,10 +220,8 @@ PY_GET = ("python3 -c \"import sys,urllib.request;"
 
 def test_full_vm_allowed_and_denied(vclient, vnode):
     skip_if(missing([QEMU, "qemu-img"], [VM_DISK], "scripts/install-deps.sh", "scripts/vm/build-disk.sh"))
-    sb = vclient.run_vm({"image": "debian", "memory_limit_mb": 512,
-                         "network": {"mode": "allowlist",
-                                     "rules": [{"cidr": f"{NPM}/32", "ports": "80", "protocol": "tcp"}]}},
-                        timeout=600)
+    sb = vclient.run_vm(DSecVMRunArgs(image="debian", memory_limit_mb=512, network={
+        "mode": "allowlist", "rules": [{"cidr": f"{NPM}/32", "ports": "80", "protocol": "tcp"}]}), timeout=600)
     vm_dir = vm_dir_of(vnode, sb)
     try:
         st = sb.network()

@@ -90,7 +90,8 @@ class DSecVMRunArgs:
     ``scripts/vm/build-disk.sh``) through the firmware, on a copy-on-write overlay.
     ``memory_limit_mb`` is the guest's RAM, ``cpu_cores_limit`` rounded up its vCPUs. The
     sandbox answers the same calls as a container (run_shell, exec, files, TTY, pause/resume,
-    stop, trajectory); layers (workspace, toolkits), network rules and pack_diff are refused."""
+    stop, trajectory) and takes the same ``network`` / ``network_rules`` (enforced on the host
+    side of the VM's tap); layers (workspace, toolkits) and pack_diff are refused."""
 
     image: str
     memory_limit_mb: Optional[int] = None
@@ -103,6 +104,10 @@ class DSecVMRunArgs:
     idempotency_key: Optional[str] = None
     trajectory: Optional[bool] = None
     qos: Optional[str] = None
+    #: Named domain groups of the edge's config to enable (``True``) or keep blocked (``False``).
+    network_rules: Optional[Dict[str, bool]] = None
+    #: ``{"mode": "allowlist"|"open"|"none", "rules": [...]}`` as for a container.
+    network: Optional[Dict[str, Any]] = None
 
     def to_json(self) -> Dict[str, Any]:
         """The JSON body of the create call (with ``substrate: "vm"``)."""
