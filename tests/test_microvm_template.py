@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 import os
 import time
+import urllib.request
 from pathlib import Path
 
 import pytest
@@ -108,6 +109,22 @@ def test_second_create_is_templated(template, clones):
         assert sh(sb, "echo ok").strip() == "ok"
 
 
+def _templates_api(tnode, method="GET"):
+    req = urllib.request.Request(f"{tnode.url}/v1/microvm/templates", method=method,
+                                 headers={"Authorization": f"Bearer {tnode.key}"})
+    with urllib.request.urlopen(req, timeout=30) as r:
+        return json.loads(r.read())
+
+
+def test_templates_are_listed(template, clones, tnode):
+    doc = _templates_api(tnode)
+    assert [t["key"] for t in doc["templates"]] == [template.name], doc
+    t = doc["templates"][0]
+    assert t["uses"] >= 2 and t["bytes"] > 1_000_000 and "mem=288" in t["shape"], t
+    assert doc["boots"]["cold"] >= 1 and doc["boots"]["template"] >= 2, doc
+    assert doc["built"] == 1 and doc["build_failures"] == 0, doc
+
+
 def test_clones_have_their_own_identity(clones):
     a, b = clones
     # Kernel randomness: reseeded per clone (never the template's stream).
@@ -182,6 +199,13 @@ def test_corrupt_template_falls_back_to_cold_boot(template, client, tnode):
         assert not snap.exists() or snap.stat().st_size != 4096
     finally:
         stop_quietly(sb)
+
+
+def test_templates_removed_on_request(tnode, client):
+    # The corrupt-template test's cold fallback rebuilt the shape's template: wait for it.
+    assert wait_until(lambda: len(_ready_templates(tnode.templates_dir)) == 1, timeout=240, interval=0.5)
+    assert _templates_api(tnode, "DELETE") == {"removed": 1}
+    assert _ready_templates(tnode.templates_dir) == [] and _templates_api(tnode)["templates"] == []
 
 
 def test_edge_stop_removes_templates(tnode, template):

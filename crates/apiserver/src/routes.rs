@@ -66,6 +66,11 @@ pub fn router(state: AppState) -> Router {
             "/v1/images/{*name}",
             put(images_stream).post(images_stream).delete(images_simple),
         )
+        // microVM templates (issue 9) of the first edge, like images: an operator's view.
+        .route(
+            "/v1/microvm/templates",
+            get(images_simple).delete(images_simple),
+        )
         .route("/v1/nodes", get(nodes))
         .route("/v1/cluster", get(crate::iam::http::cluster))
         .route(

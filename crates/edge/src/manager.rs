@@ -437,6 +437,20 @@ impl Manager {
         let _ = self.microvm.set(driver);
     }
 
+    /// The microVM templates of this edge (`GET /edge/v1/microvm/templates`).
+    pub fn microvm_templates(&self) -> Result<serde_json::Value, EdgeError> {
+        let d = self.driver_for(Substrate::Microvm)?;
+        d.templates()
+            .ok_or_else(|| EdgeError::Unsupported("microVM templates are off on this node".into()))
+    }
+
+    /// Removes the microVM templates (`DELETE /edge/v1/microvm/templates`); how many.
+    pub fn remove_microvm_templates(&self) -> Result<usize, EdgeError> {
+        let d = self.driver_for(Substrate::Microvm)?;
+        d.remove_templates()
+            .ok_or_else(|| EdgeError::Unsupported("microVM templates are off on this node".into()))
+    }
+
     /// Sets the full-VM driver (or the reason there is none); once, at start.
     pub fn set_fullvm_driver(&self, driver: Result<Arc<dyn Driver>, String>) {
         let _ = self.fullvm.set(driver);
@@ -903,6 +917,9 @@ impl Manager {
         record.info = info.clone();
         record.pid = sandbox.pid();
         let persisted = match qos {
+        if let Some(b) = &info.boot {
+            self.metrics.vm_boots.with_label_values(&[b]).inc();
+        }
             Ok(_) => records::write_new(&dir, &record)
                 .map_err(|e| EdgeError::internal("persist record", &e)),
             Err(e) => Err(EdgeError::Internal(format!(

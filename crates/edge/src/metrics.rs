@@ -22,6 +22,9 @@ pub struct Metrics {
     pub reclaimed_bytes: IntCounterVec,
     /// Node memory pressure actions. Labels: `action` = reclaim | pause.
     pub memory_pressure_actions: IntCounterVec,
+    /// microVM creates by how the guest started. Labels: `boot` = cold | template |
+    /// cold-fallback.
+    pub vm_boots: IntCounterVec,
 }
 
 impl Metrics {
@@ -101,7 +104,19 @@ impl Metrics {
         registry
             .register(Box::new(memory_pressure_actions.clone()))
             .expect("metric registered once");
+        let vm_boots = IntCounterVec::new(
+            Opts::new(
+                "vm_boots_total",
+                "VM sandboxes created, by boot: cold, template (restored from a template snapshot), cold-fallback",
+            ),
+            &["boot"],
+        )
+        .expect("valid metric");
+        registry
+            .register(Box::new(vm_boots.clone()))
+            .expect("metric registered once");
         Self {
+            vm_boots,
             registry,
             sandboxes_created,
             sandboxes_stopped,

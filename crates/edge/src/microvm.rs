@@ -119,6 +119,28 @@ impl Driver for MicroVmDriver {
         })
     }
 
+    fn templates(&self) -> Option<serde_json::Value> {
+        let t = self.inner.templates()?;
+        let s = &t.stats;
+        let n = |c: &std::sync::atomic::AtomicU64| c.load(std::sync::atomic::Ordering::Relaxed);
+        Some(serde_json::json!({
+            "dir": t.config().dir,
+            "max": t.config().max,
+            "templates": t.list(),
+            "boots": {
+                "cold": n(&s.cold),
+                "template": n(&s.templated),
+                "cold_fallback": n(&s.fallbacks),
+            },
+            "built": n(&s.built),
+            "build_failures": n(&s.build_failures),
+        }))
+    }
+
+    fn remove_templates(&self) -> Option<usize> {
+        Some(self.inner.templates()?.remove_all())
+    }
+
     fn adopt(
         &self,
         id: String,
@@ -224,6 +246,23 @@ impl<T: EdgeVm> LiveSandbox for VmLive<T> {
     fn boot_kind(&self) -> Option<&'static str> {
         EdgeVm::boot_kind(&self.0)
     }
+}
+
+/// `GET /edge/v1/microvm/templates`: the templates (key, shape, bytes on disk, uses) and how
+/// creates started.
+pub async fn list_templates(
+    axum::extract::State(s): axum::extract::State<crate::http::AppState>,
+) -> Result<axum::Json<serde_json::Value>, crate::error::EdgeError> {
+    s.mgr.microvm_templates().map(axum::Json)
+}
+
+/// `DELETE /edge/v1/microvm/templates`: removes every template (later creates boot cold and
+/// build them again).
+pub async fn remove_templates(
+    axum::extract::State(s): axum::extract::State<crate::http::AppState>,
+) -> Result<axum::Json<serde_json::Value>, crate::error::EdgeError> {
+    let removed = s.mgr.remove_microvm_templates()?;
+    Ok(axum::Json(serde_json::json!({ "removed": removed })))
 }
 
 #[cfg(test)]

@@ -48,6 +48,15 @@ pub trait Driver: Send + Sync + 'static {
     fn shutdown(&self) -> BoxFut<'_, ()> {
         Box::pin(async {})
     }
+    /// What the driver keeps to start sandboxes faster (microVM templates), as JSON; `None`
+    /// when it keeps nothing of the kind.
+    fn templates(&self) -> Option<serde_json::Value> {
+        None
+    }
+    /// Removes those; how many, `None` when the driver has none.
+    fn remove_templates(&self) -> Option<usize> {
+        None
+    }
 }
 
 /// One running sandbox.

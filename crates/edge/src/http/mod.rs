@@ -88,6 +88,10 @@ pub fn router(mgr: Arc<Manager>, token: &str) -> Router {
                 .post(images::action),
         )
         .route("/edge/v1/status", get(status::status))
+        .route(
+            "/edge/v1/microvm/templates",
+            get(crate::microvm::list_templates).delete(crate::microvm::remove_templates),
+        )
         .route_layer(middleware::from_fn_with_state(state.clone(), auth));
     let open = Router::new()
         .route("/metrics", get(status::metrics))

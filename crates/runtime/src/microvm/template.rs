@@ -399,6 +399,15 @@ impl Templates {
             .collect()
     }
 
+    /// Removes every ready template (on request); builds in flight carry on. Returns how many.
+    pub fn remove_all(&self) -> usize {
+        let keys: Vec<String> = lock(&self.state).ready.drain().map(|(k, _)| k).collect();
+        for k in &keys {
+            let _ = std::fs::remove_dir_all(self.config.dir.join(k));
+        }
+        keys.len()
+    }
+
     /// Removes every template (the edge is stopping): running builds end their VM first.
     pub async fn shutdown(&self) {
         self.closing.store(true, Ordering::SeqCst);
@@ -517,6 +526,9 @@ mod tests {
         // Dropped templates are removed.
         t.drop_template(&a);
         assert!(!tmp.path().join(&a).exists() && t.lookup(&a).is_none());
+        assert_eq!(t.list().len(), 1);
+        assert_eq!(t.remove_all(), 1);
+        assert!(t.list().is_empty() && !tmp.path().join(&c).exists());
     }
 
     #[test]
