@@ -10,6 +10,7 @@ Needs a running dsec (DSEC_API_URL / DSEC_API_KEY) and scripts/images/build-debi
 
 import argparse
 import asyncio
+import os
 import subprocess
 import time
 
@@ -86,6 +87,7 @@ async def main():
     runc = ["runc", "run", "--bundle", bundle, "dsec-bench-runc"]
     bwrap = ["bwrap", "--unshare-all", "--ro-bind", root, "/", "--proc", "/proc", "--dev", "/dev", "/bin/true"]
 
+    load0 = os.getloadavg()
     client = DSecClient()
     await client.open()
     try:
@@ -107,10 +109,14 @@ async def main():
               f"p99 {summary('x', lat)['p99_ms']:.2f} ms)")
         print(f"bwrap: {bwrap_rate:8.1f} runs/s of /bin/true")
         print(f"\nratio dsec whole cycle p50 / runc p50 = {rows[4]['p50_ms'] / rows[0]['p50_ms']:.2f}")
+        load1 = os.getloadavg()
+        print("load average (1/5/15 min): at start %.2f %.2f %.2f, at end %.2f %.2f %.2f"
+              % (*load0, *load1))
         print("reproduce: python3 bench/lifecycle.py --n %d --image %s --concurrency %d --rate-n %d"
               % (a.n, a.image, a.concurrency, a.rate_n))
         write_results("lifecycle", {"rows": rows, "rate_per_s": rate, "bwrap_rate_per_s": bwrap_rate,
-                                    "rate_cycle": summary("rate", lat), "args": vars(a)})
+                                    "rate_cycle": summary("rate", lat), "args": vars(a),
+                                    "loadavg_start": load0, "loadavg_end": load1})
     finally:
         await client.close()
 

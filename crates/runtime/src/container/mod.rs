@@ -442,14 +442,8 @@ impl Substrate for ContainerSubstrate {
             // A frozen (paused) task does not die of SIGKILL under the v1 freezer.
             let _ = sb.resume().await;
         }
-        if p.exit_status().is_none() && !sb.client.is_closed() {
-            // Polite first: aether kills its sessions and exits.
-            let _ = tokio::time::timeout(SHUTDOWN_GRACE, async {
-                let _ = sb.client.request(Request::Shutdown, Bytes::new()).await;
-                p.wait(SHUTDOWN_GRACE).await
-            })
-            .await;
-        }
+        // No polite `Shutdown` round trip: SIGKILL of aether, the pid namespace's init, makes
+        // the kernel kill every process of the sandbox, and aether keeps nothing to flush.
         let io_err = |what: &str, e: String| DestroySandboxError::Io {
             id: sb.id.clone(),
             what: what.to_string(),
