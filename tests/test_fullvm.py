@@ -300,3 +300,145 @@ def test_vm_create_stop_cycles_leak_nothing(fv_ok, client, node):
     assert not set(qemu_pids_for(str(sandboxes))) - before, "QEMU processes left"
     left = [i for i in ids if (Path(node.sandbox_dir(i)) / "vm").exists()]
     assert not left, f"VM directories (overlay, sockets) left: {left}"
+
+
+# --- a user image prepared with `dsec vm prepare-image`: its boot hook brings the network up;
+# --- a paused full VM survives an edge crash (re-adopted), a running one is cleaned up.
+# The networked edge and test servers of tests/test_vm_network.py (imported, not copied).
+from netfixture import denied  # noqa: E402
+from test_vm_network import GATEWAY, NPM, PY_GET, PYPI, ok, servers, vclient, vm_ok, vnode, wait_clean  # noqa: E402,F401
+
+KVER_FILE = VMDIR / "kernel-version"
+
+
+def _user_image(tmp: Path, dsec_bin: str) -> Path:
+    """A "user-supplied" Linux disk whose own initramfs does not configure the network: the
+    dsec disk with its initramfs' network part cut out (and qemu_fw_cfg no longer loaded by it),
+    the image's own kernel modules (qemu_fw_cfg, virtio_net) in /lib/modules and an `ip` and
+    `modprobe` of its own (busybox) — then `dsec vm prepare-image` on it."""
+    for t in ("losetup", "depmod", "dpkg-deb", "cpio", "gzip"):
+        if shutil.which(t) is None:
+            pytest.skip(f"{t} is not installed")
+    busybox = Path("/bin/busybox")
+    kver = KVER_FILE.read_text().strip()
+    debs = sorted((CACHE / "guest-debs").glob(f"linux-image-{kver}_*.deb"))
+    if not busybox.is_file() or not debs:
+        pytest.skip("needs /bin/busybox (busybox-static) and the guest kernel .deb (scripts/vm/build-guest.sh)")
+    raw = tmp / "user.raw"
+    subprocess.run(["qemu-img", "convert", "-f", "qcow2", "-O", "raw", str(IMAGE), str(raw)], check=True)
+    kdir = tmp / "k"
+    subprocess.run(["dpkg-deb", "-x", str(debs[0]), str(kdir)], check=True)
+    mnt = tmp / "mnt"
+    mnt.mkdir()
+    loop = subprocess.run(["losetup", "-f", "--show", "-o", str(2048 * 512), str(raw)], check=True,
+                          capture_output=True, text=True).stdout.strip()
+    try:
+        subprocess.run(["mount", loop, str(mnt)], check=True)
+        try:
+            mods = mnt / "usr" / "lib" / "modules" / kver
+            for m in ("drivers/firmware/qemu_fw_cfg.ko", "drivers/net/virtio_net.ko",
+                      "drivers/net/net_failover.ko", "net/core/failover.ko"):
+                (mods / "kernel" / m).parent.mkdir(parents=True, exist_ok=True)
+                shutil.copy(kdir / "lib" / "modules" / kver / "kernel" / m, mods / "kernel" / m)
+            subprocess.run(["depmod", "-b", str(mnt / "usr"), kver], check=True)
+            bb = mnt / "usr" / "local" / "bin" / "busybox"
+            bb.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy(busybox, bb)
+            for a in ("ip", "modprobe"):
+                os.symlink("/usr/local/bin/busybox", mnt / "usr" / "local" / "sbin" / a)
+            # The initramfs without its network part.
+            ird = tmp / "initrd"
+            ird.mkdir()
+            data = subprocess.run(["gzip", "-dc", str(mnt / "boot" / "initrd.img")], check=True,
+                                  capture_output=True).stdout
+            subprocess.run(["cpio", "-idm", "--quiet"], input=data, cwd=ird, check=True)
+            init = (ird / "init").read_text()
+            line = "netcfg_file=/sys/firmware/qemu_fw_cfg/by_name/opt/dsec/net/raw"
+            assert line in init, "the dsec disk's initramfs changed: adapt this test"
+            (ird / "init").write_text(init.replace(line, "netcfg_file=/nonexistent"))
+            order = (ird / "modules.order").read_text().splitlines()
+            (ird / "modules.order").write_text("".join(f"{l}\n" for l in order if "qemu_fw_cfg" not in l))
+            files = subprocess.run("find . -print0 | sort -z", shell=True, cwd=ird, check=True,
+                                   capture_output=True).stdout
+            packed = subprocess.run(["cpio", "--null", "-o", "-H", "newc", "--quiet", "-R", "0:0"], input=files,
+                                    cwd=ird, check=True, capture_output=True).stdout
+            (mnt / "boot" / "initrd.img").write_bytes(subprocess.run(["gzip", "-1"], input=packed, check=True,
+                                                                      capture_output=True).stdout)
+        finally:
+            subprocess.run(["umount", str(mnt)], check=True)
+    finally:
+        subprocess.run(["losetup", "-d", loop], check=True)
+    out = tmp / "user.qcow2"
+    subprocess.run([dsec_bin, "vm", "prepare-image", "--in", str(raw), "--out", str(out)], check=True,
+                   capture_output=True, timeout=600)
+    raw.unlink()
+    return out
+
+
+def test_prepared_image_network_and_edge_crash_readoption(fv_ok, vclient, vnode, dsec_bin, tmp_path):
+    """A prepared user image whose initramfs knows nothing of dsec gets its NIC configured by
+    the boot hook (fw_cfg opt/dsec/net, its own modules and `ip`): allowed server reached,
+    denied one not. Then the edge is SIGKILLed with that VM paused and another full VM running:
+    the restarted edge lists the paused one, which resumes with its files, processes and network
+    intact; the running one's QEMU is ended and nothing of it is left."""
+    name = f"fvt-user-{uuid.uuid4().hex[:6]}"
+    disk = _user_image(tmp_path, dsec_bin)
+    subprocess.run([dsec_bin, "vm", "image", "import", name, str(disk), "--data-dir", vnode.data_dir],
+                   check=True, capture_output=True, timeout=300)
+    disk.unlink()
+    running = None
+    sb = vclient.run_vm(DSecVMRunArgs(image=name, memory_limit_mb=384, network={
+        "mode": "allowlist", "rules": [{"cidr": f"{NPM}/32", "ports": "80", "protocol": "tcp"}]}), timeout=600)
+    vm_dir = Path(vnode.sandbox_dir(sb.id)) / "vm"
+    try:
+        st = sb.network()
+        console = (vm_dir / "console.log").read_text(errors="replace")
+        assert "dsec-init: network on" in console and "already configured" not in console, console[-2000:]
+        out = sh(sb, "cat /etc/resolv.conf; ip addr; cat /proc/modules")
+        assert f"nameserver {GATEWAY}" in out and f"inet {st['ipv4']}/32" in out, out
+        assert "virtio_net" in out and "qemu_fw_cfg" in out, out
+        assert ok(sb, PY_GET.format(url=f"http://{NPM}/"))
+        d0 = denied(sb)
+        assert not ok(sb, PY_GET.format(url=f"http://{PYPI}:8080/"))
+        assert denied(sb) > d0
+
+        # Crash with this VM paused and another one running.
+        sb.write_file("/root/keep.txt", b"kept across the crash\n")
+        sh(sb, "(i=0; while :; do i=$((i+1)); echo $i > /root/counter; sleep 0.2; done) >/dev/null 2>&1 & echo $! > /root/loop.pid")
+        loop_pid = sh(sb, "cat /root/loop.pid").strip()
+        time.sleep(0.6)
+        before = int(sh(sb, "cat /root/counter"))
+        sb.pause()
+        assert not qemu_pids_for(str(vm_dir))
+        running = vclient.run_vm(DSecVMRunArgs(image="debian", memory_limit_mb=256), timeout=600)
+        run_dir = Path(vnode.sandbox_dir(running.id)) / "vm"
+        run_pids = qemu_pids_for(str(run_dir))
+        assert len(run_pids) == 1, run_pids
+        vnode.kill()
+        vnode.restart()
+        # The running one: QEMU ended, its files gone, reported failed.
+        assert _wait_gone(run_pids, 30), f"QEMU {run_pids} of the running VM survived the edge restart"
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline and run_dir.exists():
+            time.sleep(0.2)
+        assert not run_dir.exists(), f"{run_dir} left after the edge restart"
+        assert vclient.get_sandbox(running.id).state == "failed"
+        running = None
+        # The paused one: listed, resumable, its state intact.
+        listed = {s.id: s.state for s in vclient.list_sandboxes()}
+        assert listed.get(sb.id) == "paused", listed
+        after = int(sh(sb, "cat /root/counter"))
+        assert after >= before
+        time.sleep(0.8)
+        assert int(sh(sb, "cat /root/counter")) > after, "the counter did not continue after the re-adopted resume"
+        assert sh(sb, f"kill -0 {loop_pid} && echo alive").strip() == "alive"
+        assert sb.read_file("/root/keep.txt") == b"kept across the crash\n"
+        assert vclient.get_sandbox(sb.id).state == "running"
+        assert ok(sb, PY_GET.format(url=f"http://{NPM}/")), "network after the re-adopted resume"
+        assert not ok(sb, PY_GET.format(url=f"http://{PYPI}:8080/"))
+    finally:
+        stop_quietly(sb)
+        if running is not None:
+            stop_quietly(running)
+        subprocess.run([dsec_bin, "vm", "image", "rm", name, "--data-dir", vnode.data_dir], check=False)
+    assert not wait_clean(vnode, vm_dir, timeout=30)

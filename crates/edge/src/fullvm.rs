@@ -10,6 +10,7 @@
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
+use dsec_runtime::container::adopt::AdoptError;
 use dsec_runtime::fullvm::{FullVmConfig, FullVmSandbox, FullVmSubstrate};
 use dsec_runtime::substrate::{CreateSandboxError, SandboxSpec, Substrate as _};
 
@@ -79,25 +80,6 @@ pub fn check_request(req: &dsec_wire::api::CreateSandboxRequest) -> Result<Strin
     Ok(req.image.clone())
 }
 
-/// After an edge restart a full VM is not taken over: its QEMU (found by the pidfile in
-/// `<sandbox dir>/vm/qemu.pid`, and only if that pid is a QEMU) is killed, and the returned
-/// reason is recorded.
-pub fn not_readopted(sandbox_dir: &Path) -> String {
-    let pid = std::fs::read_to_string(sandbox_dir.join("vm/qemu.pid"))
-        .ok()
-        .and_then(|s| s.trim().parse::<i32>().ok())
-        .filter(|p| *p > 1);
-    if let Some(pid) = pid {
-        let comm = std::fs::read_to_string(format!("/proc/{pid}/comm")).unwrap_or_default();
-        if comm.starts_with("qemu-system") {
-            // SAFETY: kill(2) with a pid read from the VM's pidfile whose process is a QEMU
-            // (checked just above via /proc/<pid>/comm); no memory is touched.
-            unsafe { libc::kill(pid, libc::SIGKILL) };
-        }
-    }
-    "full-VM sandboxes are not re-adopted after an edge restart (its QEMU was ended)".into()
-}
-
 /// The driver if QEMU and qemu-img are installed, else why not (for the 501).
 pub fn driver() -> Result<Arc<dyn Driver>, String> {
     let config = FullVmConfig::from_env();
@@ -146,6 +128,31 @@ impl Driver for FullVmDriver {
 
     fn reap_orphans(&self, known_live: Vec<String>) -> BoxFut<'_, Vec<String>> {
         Box::pin(async move { self.inner.reap_orphans(&known_live).await })
+    }
+
+    /// After an edge restart: a paused full VM (snapshot + overlay on disk) is taken over and
+    /// resumes on its next request; a running one lost its channel with the old edge, so its
+    /// QEMU (by the pidfile, only if that pid is a QEMU) is ended and its files removed.
+    fn adopt(
+        &self,
+        id: String,
+        dir: PathBuf,
+        pid: i32,
+    ) -> BoxFut<'_, Result<Box<dyn LiveSandbox>, AdoptError>> {
+        Box::pin(async move {
+            match self.inner.adopt_paused(&id, &dir) {
+                Ok(sandbox) => {
+                    Ok(Box::new(crate::microvm::VmLive(sandbox)) as Box<dyn LiveSandbox>)
+                }
+                Err(why) => {
+                    let vm_dir = dir.join("vm");
+                    let killed = dsec_runtime::fullvm::kill_leftover_qemu(&vm_dir);
+                    tracing::info!(sandbox = %id, reason = %why, killed_qemu = killed, "full VM not re-adoptable (only paused ones are)");
+                    let _ = tokio::fs::remove_dir_all(&vm_dir).await;
+                    Err(AdoptError::Gone { id, pid })
+                }
+            }
+        })
     }
 }
 

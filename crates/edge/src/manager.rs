@@ -528,8 +528,8 @@ impl Manager {
             let why = match &f.record {
                 Ok(rec)
                     if (rec.pid > 1 && rec.info.state != SandboxState::Creating)
-                        // A paused microVM has no process, only its snapshot on disk.
-                        || (rec.info.substrate == Substrate::Microvm
+                        // A paused VM has no process, only its snapshot on disk.
+                        || (matches!(rec.info.substrate, Substrate::Microvm | Substrate::Vm)
                             && rec.info.state == SandboxState::Paused) =>
                 {
                     match self.readopt(&f.id, &f.dir, rec).await {
@@ -608,14 +608,17 @@ impl Manager {
         if !is_valid_sandbox_id(id) || rec.info.id != id {
             return Err(format!("record names sandbox {:?}", rec.info.id));
         }
-        if rec.info.substrate == Substrate::Vm {
-            return Err(crate::fullvm::not_readopted(dir));
-        }
-        let lease = self
-            .images
-            .acquire(&rec.image)
-            .await
-            .map_err(|e| format!("re-take image lease on {}: {e}", rec.image))?;
+        // A full VM boots a disk image, not the layer store's image: no lease.
+        let lease = if rec.info.substrate == Substrate::Vm {
+            None
+        } else {
+            Some(
+                self.images
+                    .acquire(&rec.image)
+                    .await
+                    .map_err(|e| format!("re-take image lease on {}: {e}", rec.image))?,
+            )
+        };
         let sandbox = self
             .driver_for(rec.info.substrate)
             .map_err(|e| e.to_string())?
@@ -642,7 +645,7 @@ impl Manager {
             info: Mutex::new(info),
             sandbox,
             aether,
-            lease: Mutex::new(Some(lease)),
+            lease: Mutex::new(lease),
             ended: OnceCell::new(),
             env: rec.env.clone(),
             created_ms: if rec.created_ms > 0 {
@@ -1758,7 +1761,15 @@ impl Manager {
 
     pub fn remove_image(&self, name: &str) -> Result<(), EdgeError> {
         let name = dsec_image::canonical_name(name).map_err(EdgeError::from_image)?;
-        self.images.remove(&name).map_err(EdgeError::from_image)
+        self.images.remove(&name).map_err(EdgeError::from_image)?;
+        // Layer files may be gone: their microVM virtio-pmem copies too (in the background).
+        if let (Ok(d), Ok(rt)) = (
+            self.driver_for(Substrate::Microvm),
+            tokio::runtime::Handle::try_current(),
+        ) {
+            rt.spawn(async move { d.images_removed().await });
+        }
+        Ok(())
     }
 
     /// The node's status as the watcher polls it.

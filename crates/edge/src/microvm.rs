@@ -82,14 +82,32 @@ pub fn driver(
         enabled = templates.enabled, max = templates.max,
         dir = %templates.dir.display(), "microVM templates"
     );
+    let inner = Arc::new(MicroVmSubstrate::new(config).with_templates(templates));
+    // Copies left by image removals while this edge was down, or by other edges.
+    let (sweep, dir) = (inner.clone(), edge_dir.to_path_buf());
+    std::thread::spawn(move || MicroVmDriver::sweep_pmem(&sweep, &dir));
     Ok(Arc::new(MicroVmDriver {
-        inner: Arc::new(MicroVmSubstrate::new(config).with_templates(templates)),
+        inner,
+        edge_dir: edge_dir.to_path_buf(),
     }))
 }
 
 /// [`Driver`] for the microVM substrate.
 pub struct MicroVmDriver {
     inner: Arc<MicroVmSubstrate>,
+    /// The edge's directory: its sandboxes may name virtio-pmem copies in use.
+    edge_dir: PathBuf,
+}
+
+impl MicroVmDriver {
+    /// Removes the virtio-pmem layer copies no image or VM needs (blocking).
+    fn sweep_pmem(inner: &MicroVmSubstrate, edge_dir: &std::path::Path) {
+        // Paused VMs' qemu.args; templates need none (a create re-makes its copies first).
+        let protect = [edge_dir.join("sandboxes")];
+        if let Err(e) = inner.sweep_pmem(&protect) {
+            tracing::warn!(error = %e, "sweep the virtio-pmem layer copies");
+        }
+    }
 }
 
 impl Driver for MicroVmDriver {
@@ -139,6 +157,14 @@ impl Driver for MicroVmDriver {
 
     fn remove_templates(&self) -> Option<usize> {
         Some(self.inner.templates()?.remove_all())
+    }
+
+    fn images_removed(&self) -> BoxFut<'_, ()> {
+        Box::pin(async move {
+            let (inner, dir) = (self.inner.clone(), self.edge_dir.clone());
+            let _ =
+                tokio::task::spawn_blocking(move || MicroVmDriver::sweep_pmem(&inner, &dir)).await;
+        })
     }
 
     fn adopt(

@@ -57,6 +57,11 @@ pub trait Driver: Send + Sync + 'static {
     fn remove_templates(&self) -> Option<usize> {
         None
     }
+    /// Images were removed from the store: drop what the driver keeps per layer file and no
+    /// longer needs (the microVM substrate's virtio-pmem copies). Also called at start.
+    fn images_removed(&self) -> BoxFut<'_, ()> {
+        Box::pin(async {})
+    }
 }
 
 /// One running sandbox.

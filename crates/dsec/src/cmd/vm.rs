@@ -104,8 +104,10 @@ pub async fn vm(c: VmCommand) -> anyhow::Result<()> {
     .context("VM image task")?
 }
 
-/// The boot hook installed as `/usr/local/sbin/dsec-init`.
-pub const DSEC_INIT: &str = r#"#!/bin/sh
+/// The boot hook installed as `/usr/local/sbin/dsec-init`: its head, the network functions of
+/// `scripts/vm/guest-net.sh` (the same semantics as the dsec guests' own init), its body.
+pub const DSEC_INIT: &str = concat!(
+    r#"#!/bin/sh
 # dsec boot hook (installed by `dsec vm prepare-image`). As init= (PID 1) it mounts the kernel
 # file systems first; with --service (systemd unit dsec-aether.service) it does not. Then it
 # finds the virtio-serial port named dsec.aether, waits for the host's sync byte (a read of a
@@ -130,6 +132,38 @@ if [ "$1" != --service ]; then
     ip link set lo up 2>/dev/null
     modprobe virtio_console 2>/dev/null
 fi
+"#,
+    include_str!("../../../../scripts/vm/guest-net.sh"),
+    r#"
+# A networked VM: the edge passes the NIC's configuration as the fw_cfg item opt/dsec/net
+# (IPV4,GATEWAY,IPV6|-,MTU,MAC). The drivers come from the image's own kernel modules (built in
+# is fine); the card is configured with the image's own `ip`, unless the image's initramfs did.
+dsec_net() {
+    modprobe qemu_fw_cfg 2>/dev/null
+    _f=/sys/firmware/qemu_fw_cfg/by_name/opt/dsec/net/raw
+    _i=0
+    while [ ! -e "$_f" ] && [ -d /sys/firmware/qemu_fw_cfg ] && [ $_i -lt 50 ]; do
+        _i=$((_i + 1))
+        sleep 0.01
+    done
+    [ -r "$_f" ] || return 0
+    _cfg=$(cat "$_f")
+    [ -n "$_cfg" ] || return 0
+    modprobe virtio_net 2>/dev/null
+    _addr=${_cfg%%,*}
+    _rest=${_cfg#*,}
+    # Already a local address (the image's initramfs, e.g. scripts/vm/build-disk.sh's, did it).
+    if awk -v a="$_addr" '$1 == "|--" && $2 == a { f = 1 } END { exit !f }' /proc/net/fib_trie 2>/dev/null; then
+        dsec_gateway=${_rest%%,*}
+        say "network: $_addr already configured (by the image's initramfs)"
+    else
+        command -v ip >/dev/null 2>&1 || fail "this VM has a network but the image has no ip command (install iproute2)"
+        dsec_net_up "$_cfg"
+        say "network on $dsec_nic: $_addr via $dsec_gateway"
+    fi
+    dsec_net_resolv ""
+}
+dsec_net
 say "$(cut -d' ' -f1 /proc/uptime) looking for the dsec.aether port"
 port=
 i=0
@@ -154,7 +188,8 @@ done
 say "$(cut -d' ' -f1 /proc/uptime) starting aether on $port"
 cd /
 exec /usr/local/sbin/dsec-aether --mode bare --fd 3
-"#;
+"#
+);
 
 /// The systemd unit installed (and enabled) when the image has systemd.
 pub const DSEC_UNIT: &str = "[Unit]
@@ -647,5 +682,24 @@ mod tests {
         assert!(DSEC_INIT.starts_with("#!/bin/sh\n"));
         assert!(DSEC_INIT.contains("exec /usr/local/sbin/dsec-aether --mode bare --fd 3"));
         assert!(DSEC_UNIT.contains("ExecStart=/usr/local/sbin/dsec-init --service"));
+    }
+
+    #[test]
+    fn init_hook_configures_the_network_from_fw_cfg_and_parses() {
+        // The functions of scripts/vm/guest-net.sh are inlined, and called before aether.
+        assert!(DSEC_INIT.contains("dsec_net_up() {"));
+        let net = DSEC_INIT.find("\ndsec_net\n").expect("dsec_net is called");
+        assert!(net < DSEC_INIT.find("exec /usr/local/sbin/dsec-aether").unwrap());
+        assert!(DSEC_INIT.contains("/sys/firmware/qemu_fw_cfg/by_name/opt/dsec/net/raw"));
+        assert!(
+            DSEC_INIT.contains("modprobe qemu_fw_cfg") && DSEC_INIT.contains("modprobe virtio_net")
+        );
+        let t = tempfile::tempdir().unwrap();
+        let f = t.path().join("dsec-init");
+        std::fs::write(&f, DSEC_INIT).unwrap();
+        match Command::new("sh").arg("-n").arg(&f).output() {
+            Ok(o) => assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr)),
+            Err(e) => eprintln!("skip: no sh to check the hook's syntax: {e}"),
+        }
     }
 }

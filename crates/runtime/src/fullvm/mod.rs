@@ -383,6 +383,42 @@ fn spawn_err(what: &str, e: io::Error) -> CreateSandboxError {
     CreateSandboxError::Spawn(io::Error::new(e.kind(), format!("{what}: {e}")))
 }
 
+impl FullVmSubstrate {
+    /// Takes over a paused full VM of an earlier edge run: its state is the snapshot and the
+    /// qcow2 overlay in `<sandbox dir>/vm`, with the QEMU command line (`qemu.args`) that
+    /// restores it. A VM that was running when the edge went away is not adoptable (its
+    /// channel is gone); the caller ends its QEMU ([`kill_leftover_qemu`]).
+    pub fn adopt_paused(&self, id: &str, sandbox_dir: &Path) -> Result<FullVmSandbox, String> {
+        let vm_dir = sandbox_dir.join("vm");
+        if !vm_dir.join("overlay.qcow2").is_file() {
+            return Err(format!("no overlay disk in {}", vm_dir.display()));
+        }
+        let vm = vm::Vm::adopt_paused(id, &vm_dir)?;
+        Ok(FullVmSandbox {
+            id: id.to_string(),
+            vm_dir,
+            vm,
+        })
+    }
+}
+
+/// Ends the QEMU of a full VM an earlier edge run left running (found by its pidfile
+/// `<vm dir>/qemu.pid`, and only if that pid is a QEMU process); whether one was killed.
+pub fn kill_leftover_qemu(vm_dir: &Path) -> bool {
+    let pid = std::fs::read_to_string(vm_dir.join("qemu.pid"))
+        .ok()
+        .and_then(|s| s.trim().parse::<i32>().ok())
+        .filter(|p| *p > 1);
+    let Some(pid) = pid else { return false };
+    let comm = std::fs::read_to_string(format!("/proc/{pid}/comm")).unwrap_or_default();
+    if !comm.starts_with("qemu-system") {
+        return false;
+    }
+    // SAFETY: kill(2) with a pid read from the VM's pidfile whose process is a QEMU (checked
+    // just above via /proc/<pid>/comm); no memory is touched.
+    unsafe { libc::kill(pid, libc::SIGKILL) == 0 }
+}
+
 impl Substrate for FullVmSubstrate {
     type Sandbox = FullVmSandbox;
 

@@ -21,6 +21,7 @@
 
 pub mod cpio;
 pub mod net;
+pub mod pmem;
 pub mod qemu;
 pub mod qmp;
 pub mod relay;
@@ -421,6 +422,23 @@ impl MicroVmSubstrate {
     /// The template store, when templates are on.
     pub fn templates(&self) -> Option<&Arc<template::Templates>> {
         self.templates.as_ref()
+    }
+
+    /// Removes the virtio-pmem layer copies nothing needs any more ([`pmem::sweep`]; `protect`:
+    /// the edge's sandboxes directory) and logs what the copies take.
+    pub fn sweep_pmem(&self, protect: &[PathBuf]) -> io::Result<pmem::PmemSweep> {
+        // Copies of unknown source (made before sidecars): a day for a create to claim them.
+        let grace = std::env::var("DSEC_PMEM_LEGACY_GRACE_SECS")
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .map_or(Duration::from_secs(86_400), Duration::from_secs);
+        let s = pmem::sweep(&self.config.pmem_dir, protect, grace)?;
+        tracing::info!(
+            dir = %self.config.pmem_dir.display(), copies = s.kept, bytes = s.kept_bytes,
+            in_use = s.in_use, without_sources = s.unknown, removed = s.removed.len(),
+            removed_bytes = s.removed_bytes, "virtio-pmem layer copies"
+        );
+        Ok(s)
     }
 
     /// The aether binary for guests: stripped once per build of it (falls back to the binary
@@ -881,8 +899,15 @@ impl MicroVmSubstrate {
 /// a virtio-blk disk) when it cannot be made.
 async fn pmem_copy(dir: &Path, src: &Path) -> Option<PathBuf> {
     let name = src.file_name()?.to_str()?;
-    let dst = dir.join(format!("{name}.pmem"));
+    let dst = dir.join(format!("{name}{}", pmem::COPY_SUFFIX));
+    // Which layer files a copy serves, for its garbage collection (pmem.rs).
+    let record = |dst: &Path| {
+        if let Err(e) = pmem::record_source(dst, src) {
+            tracing::warn!(copy = %dst.display(), error = %e, "record the source of a virtio-pmem copy");
+        }
+    };
     if dst.is_file() {
+        record(&dst);
         return Some(dst);
     }
     static SEQ: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
@@ -903,7 +928,10 @@ async fn pmem_copy(dir: &Path, src: &Path) -> Option<PathBuf> {
     })
     .await;
     match made {
-        Ok(Ok(())) => Some(dst),
+        Ok(Ok(())) => {
+            record(&dst);
+            Some(dst)
+        }
         Ok(Err(e)) => {
             let _ = std::fs::remove_file(&tmp_cleanup);
             tracing::warn!(layer = %src.display(), error = %e, "no virtio-pmem copy of the layer; it is attached as a disk");
