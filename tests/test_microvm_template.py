@@ -14,6 +14,9 @@ from __future__ import annotations
 
 import json
 import os
+import queue
+import signal
+import subprocess
 import time
 import urllib.request
 from pathlib import Path
@@ -201,9 +204,38 @@ def test_corrupt_template_falls_back_to_cold_boot(template, client, tnode):
         stop_quietly(sb)
 
 
-def test_templates_removed_on_request(tnode, client):
+def test_edge_restart_after_crash_reuses_templates(tnode, clones):
     # The corrupt-template test's cold fallback rebuilt the shape's template: wait for it.
     assert wait_until(lambda: len(_ready_templates(tnode.templates_dir)) == 1, timeout=240, interval=0.5)
+    key = _ready_templates(tnode.templates_dir)[0].name
+    old_clone_dirs = [str(Path(tnode.sandbox_dir(sb.id)) / "vm") for sb in clones]
+    # A crash: nothing is cleaned up.
+    os.kill(tnode.pid, signal.SIGKILL)
+    try:
+        tnode.proc.wait(timeout=60)
+    except subprocess.TimeoutExpired:
+        stacks = {t: Path(f"/proc/{tnode.pid}/task/{t}/stack").read_text() for t in os.listdir(f"/proc/{tnode.pid}/task")}
+        pytest.fail(f"dsec up did not exit within 60 s of SIGKILL: {stacks}")
+    # The same node (data dir, id, port) starts again: fresh URL/key and stdout queue.
+    tnode.url = tnode.key = ""
+    tnode._stdout_lines = queue.Queue()
+    tnode.start()
+    # The crashed edge's running VMs end with their channel (not re-adoptable).
+    assert wait_until(lambda: not any(qemu_pids_for(d) for d in old_clone_dirs), timeout=30)
+    c = tnode.client()
+    try:
+        sb = _create(c)
+        try:
+            assert sb.info.raw.get("boot") == "template", sb.info.raw
+            assert sh(sb, "echo ok").strip() == "ok"
+            assert [t["key"] for t in _templates_api(tnode)["templates"]] == [key]
+        finally:
+            stop_quietly(sb)
+    finally:
+        c.close()
+
+
+def test_templates_removed_on_request(tnode):
     assert _templates_api(tnode, "DELETE") == {"removed": 1}
     assert _ready_templates(tnode.templates_dir) == [] and _templates_api(tnode)["templates"] == []
 
