@@ -4,6 +4,7 @@ and tests/redteam/."""
 
 from __future__ import annotations
 
+import fcntl
 import os
 import queue
 import re
@@ -58,11 +59,34 @@ class TestServers:
 
     """HTTP servers on 198.18.7.2 (:80, :8080), 198.18.7.3 (:80) and [fd42:7::2]:80."""
 
+    # The servers have fixed names and addresses (the edge configs name them), so two suites on
+    # one host (say tests/test_network.py and another engineer's VM networking tests) must not
+    # run them at the same time: the second `start` would delete the first's namespace midway.
+    # A host-wide lock serialises them; it is held from `start` to `stop`.
+    LOCK = "/run/dsec-test-servers.lock"
+    LOCK_WAIT_S = 1200
+
     def __init__(self) -> None:
         self.procs: List[subprocess.Popen] = []
         self.dir = tempfile.mkdtemp(prefix="dsec-srv-")
+        self.lock_fd: "int | None" = None
+
+    def _lock(self) -> None:
+        fd = os.open(self.LOCK, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        deadline = time.monotonic() + self.LOCK_WAIT_S
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if time.monotonic() > deadline:
+                    os.close(fd)
+                    raise RuntimeError(f"test servers still in use by another suite after {self.LOCK_WAIT_S} s ({self.LOCK})")
+                time.sleep(0.5)
+        self.lock_fd = fd
 
     def start(self) -> "TestServers":
+        self._lock()
         self.stop_ns()
         try:
             self._start()
@@ -130,6 +154,9 @@ class TestServers:
             except subprocess.TimeoutExpired:
                 p.kill()
         self.stop_ns()
+        if self.lock_fd is not None:
+            os.close(self.lock_fd)  # releases the flock
+            self.lock_fd = None
 
 
 def second_config(disk_bps_limit_mb: int = 0) -> str:

@@ -904,7 +904,8 @@ impl Manager {
                 return Err(err);
             }
         };
-        crate::network::hook::started(&self.cfg, id, &dir);
+        // The sandbox's nftables chains were added while it started: wait for them.
+        let net_ready = crate::network::hook::started(&self.net, &self.cfg, id, &dir).await;
         // QoS before the sandbox is handed out: no user command has run yet.
         let qos = crate::qos::apply::apply(
             self.qos.config(),
@@ -917,13 +918,14 @@ impl Manager {
         info.state = SandboxState::Running;
         info.create_ms = Some(started.elapsed().as_secs_f64() * 1000.0);
         info.boot = sandbox.boot_kind().map(str::to_string);
-        record.info = info.clone();
-        record.pid = sandbox.pid();
-        let persisted = match qos {
         if let Some(b) = &info.boot {
             self.metrics.vm_boots.with_label_values(&[b]).inc();
         }
-            Ok(_) => records::write_new(&dir, &record)
+        record.info = info.clone();
+        record.pid = sandbox.pid();
+        let persisted = match qos.map(|q| (q, net_ready)) {
+            Ok((_, Err(e))) => Err(e),
+            Ok((_, Ok(()))) => records::write_new(&dir, &record)
                 .map_err(|e| EdgeError::internal("persist record", &e)),
             Err(e) => Err(EdgeError::Internal(format!(
                 "apply QoS class {:?}: {e}",

@@ -138,9 +138,21 @@ pub fn saved(net: &Network, id: &str, dir: &Path) {
     }
 }
 
-/// Once the substrate made the sandbox's cgroup: on cgroup v2, caps its disk I/O with
+/// Once the substrate started the sandbox: waits until its nftables chains are in (they were
+/// added while it started; an error fails the create), and on cgroup v2 caps its disk I/O with
 /// `io.max` (on v1 [`crate::disk::prepare`] already capped the loop device).
-pub fn started(cfg: &EdgeConfig, id: &str, dir: &Path) {
+pub async fn started(
+    net: &Arc<Network>,
+    cfg: &EdgeConfig,
+    id: &str,
+    dir: &Path,
+) -> Result<(), EdgeError> {
+    net.rules_ready(id).await?;
+    io_cap(cfg, id, dir);
+    Ok(())
+}
+
+fn io_cap(cfg: &EdgeConfig, id: &str, dir: &Path) {
     if cfg.disk_bps_limit_mb == 0 || !dir.join("disk.img").exists() {
         return;
     }

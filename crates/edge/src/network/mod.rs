@@ -207,6 +207,16 @@ struct SbNet {
     dns_refused: AtomicU64,
     dns_answered: AtomicU64,
     grants: Mutex<Vec<(String, IpAddr, Instant)>>,
+    /// Outcome of the transaction that adds the sandbox's chains and map entries: `None` while
+    /// it runs (the task applying it holds the lock), then its result.
+    rules: RulesGate,
+}
+
+type RulesGate = Arc<tokio::sync::Mutex<Option<Result<(), String>>>>;
+
+/// A gate for rules that are already in the kernel (re-adopted sandboxes).
+fn rules_in_place() -> RulesGate {
+    Arc::new(tokio::sync::Mutex::new(Some(Ok(()))))
 }
 
 /// What the substrate needs from an attached sandbox.
@@ -376,39 +386,23 @@ impl Network {
             dns_refused: AtomicU64::new(0),
             dns_answered: AtomicU64::new(0),
             grants: Mutex::new(Vec::new()),
+            rules: Arc::new(tokio::sync::Mutex::new(None)),
         });
         let base = self.resolved.base.clone();
         let s2 = sb.clone();
         let mtu = self.cfg.mtu;
-        let built = blocking(move || {
-            let prepared = match ready {
-                Some(fd) => netns::Prepared { fd },
-                None => netns::create(
-                    &s2.ns,
-                    &s2.veth,
-                    netns::Link {
-                        gateway: base.gateway_v4,
-                        ipv4: s2.ipv4,
-                        ipv6: s2.ipv6,
-                        mtu,
-                    },
-                )?,
-            };
-            let p = lock(&s2.policy).clone();
-            let rules = nft::SandboxRules {
-                key: &s2.key,
-                veth: &s2.veth,
-                ipv4: s2.ipv4,
-                ipv6: s2.ipv6,
-                mode: p.mode,
-                allows: &p.allows,
-            };
-            if let Err(e) = nft::apply(&nft::attach_script(&base, &rules)) {
-                let _ = nft::apply(&nft::detach_script(&base, &s2.key, &s2.veth));
-                netns::remove(&s2.ns, &s2.veth);
-                return Err(e);
-            }
-            Ok(prepared)
+        let built = blocking(move || match ready {
+            Some(fd) => Ok(netns::Prepared { fd }),
+            None => netns::create(
+                &s2.ns,
+                &s2.veth,
+                netns::Link {
+                    gateway: base.gateway_v4,
+                    ipv4: s2.ipv4,
+                    ipv6: s2.ipv6,
+                    mtu,
+                },
+            ),
         })
         .await;
         let prepared = match built {
@@ -418,6 +412,39 @@ impl Network {
                 return Err(e);
             }
         };
+        // The chains go in while the substrate starts the sandbox (the nftables transaction
+        // refreshes libnftables' view of the whole ruleset first, which grows with the node's
+        // sandboxes). Until they are in, the veth has no verdict-map entry and the base chains
+        // drop everything that comes from it; [`Network::rules_ready`] waits for them before
+        // the create answers, and [`Network::detach`] before it removes them.
+        let Ok(gate) = sb.rules.clone().try_lock_owned() else {
+            unreachable!("nobody else holds the lock of a sandbox that is not registered yet")
+        };
+        let s2 = sb.clone();
+        let base = self.resolved.base.clone();
+        let sandbox = id.to_string();
+        tokio::spawn(async move {
+            let mut gate = gate;
+            let applied = blocking(move || {
+                let p = lock(&s2.policy).clone();
+                nft::apply(&nft::attach_script(
+                    &base,
+                    &nft::SandboxRules {
+                        key: &s2.key,
+                        veth: &s2.veth,
+                        ipv4: s2.ipv4,
+                        ipv6: s2.ipv6,
+                        mode: p.mode,
+                        allows: &p.allows,
+                    },
+                ))
+            })
+            .await;
+            if let Err(e) = &applied {
+                tracing::error!(sandbox = %sandbox, error = %e, "add the sandbox's nftables chains");
+            }
+            *gate = Some(applied.map_err(|e| e.to_string()));
+        });
         lock(&self.sandboxes).insert(id.to_string(), sb.clone());
         lock(&self.by_addr).insert(IpAddr::V4(ipv4), sb.clone());
         lock(&self.by_addr).insert(IpAddr::V6(ipv6), sb);
@@ -429,6 +456,26 @@ impl Network {
                 self.resolved.base.gateway_v4
             ),
         })
+    }
+
+    /// Waits until the chains of a sandbox attached by [`Network::attach`] are in the kernel;
+    /// their transaction's error otherwise. Unknown ids (no networking) are fine.
+    pub async fn rules_ready(&self, id: &str) -> Result<(), NetError> {
+        let Some(sb) = lock(&self.sandboxes).get(id).cloned() else {
+            return Ok(());
+        };
+        let outcome = sb.rules.lock().await;
+        match &*outcome {
+            Some(Ok(())) => Ok(()),
+            Some(Err(message)) => Err(NetError::Tool {
+                tool: "nft",
+                message: message.clone(),
+            }),
+            None => Err(NetError::Tool {
+                tool: "nft",
+                message: "the task adding the sandbox's chains ended without an answer".into(),
+            }),
+        }
     }
 
     /// The host number (address index), namespace and host veth names of an attached sandbox.
@@ -476,6 +523,7 @@ impl Network {
             dns_refused: AtomicU64::new(0),
             dns_answered: AtomicU64::new(0),
             grants: Mutex::new(Vec::new()),
+            rules: rules_in_place(),
         });
         lock(&self.sandboxes).insert(id.to_string(), sb.clone());
         lock(&self.by_addr).insert(IpAddr::V4(ipv4), sb.clone());
@@ -489,10 +537,16 @@ impl Network {
             return Ok(());
         };
         lock(&self.by_addr).retain(|_, v| !Arc::ptr_eq(v, &sb));
+        // After the attach transaction (never concurrently with it); a failed one left nothing.
+        let in_place = matches!(&*sb.rules.lock().await, Some(Ok(())));
         let base = self.resolved.base.clone();
         let s2 = sb.clone();
         let r = blocking(move || {
-            let r = nft::apply(&nft::detach_script(&base, &s2.key, &s2.veth));
+            let r = if in_place {
+                nft::apply(&nft::detach_script(&base, &s2.key, &s2.veth))
+            } else {
+                Ok(())
+            };
             netns::remove(&s2.ns, &s2.veth);
             r
         })
@@ -553,6 +607,7 @@ impl Network {
                 "sandbox {id} was created with network mode `none`; its network namespace has only loopback and cannot be opened later (create it with `network.mode` allowlist or open)"
             )));
         };
+        self.rules_ready(id).await?;
         let current = lock(&sb.policy).clone();
         let next = policy::update(&current, spec, &self.cfg.groups).map_err(NetError::Policy)?;
         if next.mode == NetworkMode::None {
