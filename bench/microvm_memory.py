@@ -105,6 +105,9 @@ def tb_cache(pid: int) -> int:
 def start_node(pmem: bool, balloon: bool, tag: str) -> tuple[DsecUp, str]:
     os.environ["DSEC_MICROVM_PMEM"] = "1" if pmem else "0"
     os.environ["DSEC_MICROVM_BALLOON"] = "1" if balloon else "0"
+    # Every VM boots cold: clones restored from a template would load the template's memory
+    # image (anonymous, per VM) and measure the snapshot, not the layers' sharing.
+    os.environ["DSEC_MICROVM_TEMPLATES"] = "0"
     data = new_data_dir(tag)
     up = DsecUp(str(ROOT / "target/release/dsec"), data, f"{tag.replace('-', '')[:10]}{os.getpid() % 100000}").start()
     up.cli("image", "import", "debian", "--tar", str(DEBIAN_TAR), timeout=900)
