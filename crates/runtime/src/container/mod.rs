@@ -3,9 +3,11 @@
 //! Creating a container (host side, this module):
 //! 1. create the sandbox's cgroups and apply limits ([`crate::cgroup`]);
 //! 2. make `upper/`, `work/`, `rootfs/` under the sandbox dir;
-//! 3. `clone3` a child into new mount, pid, net, ipc, uts namespaces (with a pidfd); the child
-//!    joins the cgroups, unshares its cgroup namespace, puts the channel socket on fd 3 and
-//!    execs the static aether binary — nothing else runs between clone and exec ([`spawn`]);
+//! 3. clone (vfork-style, sharing no page tables) a child into new mount, pid, ipc, uts
+//!    namespaces and a new network namespace (a ready one from [`netpool`] when there is one)
+//!    with a pidfd; the child joins the cgroups, unshares its cgroup namespace, puts the channel
+//!    socket on fd 3 and execs the static aether binary — nothing else runs between clone and
+//!    exec ([`spawn`]);
 //! 4. send `Setup` over the channel; aether (now PID 1) mounts the overlay, pivots, masks,
 //!    drops privileges and answers `Ready`.
 //!
@@ -14,6 +16,7 @@
 
 pub mod adopt;
 pub mod masks;
+pub mod netpool;
 pub mod pause;
 pub mod pidfd;
 pub mod spawn;
@@ -63,6 +66,8 @@ pub struct ContainerSubstrate {
     readonly_paths: Vec<String>,
     /// How long aether waits for a restarted edge to reattach (0: it exits with its channel).
     reattach_grace_ms: u64,
+    /// Ready network namespaces for containers without networking (see [`netpool`]).
+    netns_pool: Option<Arc<netpool::NetnsPool>>,
 }
 
 impl ContainerSubstrate {
@@ -72,7 +77,9 @@ impl ContainerSubstrate {
     pub fn new(config: ContainerConfig) -> Self {
         let root = CgroupRoot::detect();
         crate::cgroup::favor::ensure(&root);
-        Self::with_cgroup_root(config, root)
+        let mut s = Self::with_cgroup_root(config, root);
+        s.netns_pool = Some(netpool::NetnsPool::start());
+        s
     }
 
     pub fn with_cgroup_root(config: ContainerConfig, cgroup_root: CgroupRoot) -> Self {
@@ -85,6 +92,7 @@ impl ContainerSubstrate {
                 .map(|s| s.to_string())
                 .collect(),
             reattach_grace_ms: 0,
+            netns_pool: None,
         }
     }
 
@@ -165,7 +173,14 @@ impl ContainerSubstrate {
         let aether = self.config.aether_path.clone();
         let procs = cgroup.procs_files();
         let user_procs = cgroup.user_procs_file();
-        let netns = spec.netns.clone();
+        // A prepared namespace (networking) or a fresh empty one from the pool, else the clone
+        // makes one.
+        let netns = spec.netns.clone().or_else(|| {
+            self.netns_pool
+                .as_ref()
+                .and_then(|p| p.take())
+                .map(Arc::new)
+        });
         let spawned = tokio::task::spawn_blocking(move || {
             let r = spawn::spawn_aether(
                 &aether,
