@@ -380,8 +380,10 @@ def test_prepared_image_network_and_edge_crash_readoption(fv_ok, vclient, vnode,
     the boot hook (fw_cfg opt/dsec/net, its own modules and `ip`): allowed server reached,
     denied one not. Then the edge is SIGKILLed with that VM paused and another full VM running:
     the restarted edge lists the paused one, which resumes with its files, processes and network
-    intact; the running one's QEMU is ended and nothing of it is left."""
+    intact; the running one (a networked VM whose initramfs configured the NIC, so the hook
+    leaves it) has its QEMU ended and nothing of it is left."""
     name = f"fvt-user-{uuid.uuid4().hex[:6]}"
+    name2 = f"fvt-deb-{uuid.uuid4().hex[:6]}"
     disk = _user_image(tmp_path, dsec_bin)
     subprocess.run([dsec_bin, "vm", "image", "import", name, str(disk), "--data-dir", vnode.data_dir],
                    check=True, capture_output=True, timeout=300)
@@ -410,18 +412,32 @@ def test_prepared_image_network_and_edge_crash_readoption(fv_ok, vclient, vnode,
         before = int(sh(sb, "cat /root/counter"))
         sb.pause()
         assert not qemu_pids_for(str(vm_dir))
-        running = vclient.run_vm(DSecVMRunArgs(image="debian", memory_limit_mb=256), timeout=600)
+        norm = lambda d: {k: sorted(v) for k, v in d.items()}  # noqa: E731
+        with_paused = norm(vnode.leftovers())
+        # The running one: the dsec disk prepared again (today's hook) — its initramfs brings
+        # the NIC up first, the hook sees that and leaves it.
+        subprocess.run([dsec_bin, "vm", "prepare-image", "--in", str(IMAGE), "--out", str(disk)], check=True,
+                       capture_output=True, timeout=600)
+        subprocess.run([dsec_bin, "vm", "image", "import", name2, str(disk), "--data-dir", vnode.data_dir],
+                       check=True, capture_output=True, timeout=300)
+        disk.unlink()
+        running = vclient.run_vm(DSecVMRunArgs(image=name2, memory_limit_mb=256, network={
+            "mode": "allowlist", "rules": [{"cidr": f"{NPM}/32", "ports": "80", "protocol": "tcp"}]}), timeout=600)
         run_dir = Path(vnode.sandbox_dir(running.id)) / "vm"
+        console = (run_dir / "console.log").read_text(errors="replace")
+        assert "already configured" in console, console[-2000:]
+        assert ok(running, PY_GET.format(url=f"http://{NPM}/"))
         run_pids = qemu_pids_for(str(run_dir))
         assert len(run_pids) == 1, run_pids
         vnode.kill()
         vnode.restart()
-        # The running one: QEMU ended, its files gone, reported failed.
+        # The running one: QEMU ended, its files, namespace, veth and chains gone, reported failed.
         assert _wait_gone(run_pids, 30), f"QEMU {run_pids} of the running VM survived the edge restart"
         deadline = time.monotonic() + 30
-        while time.monotonic() < deadline and run_dir.exists():
+        while time.monotonic() < deadline and (run_dir.exists() or norm(vnode.leftovers()) != with_paused):
             time.sleep(0.2)
         assert not run_dir.exists(), f"{run_dir} left after the edge restart"
+        assert norm(vnode.leftovers()) == with_paused, "the running VM's network objects left after the restart"
         assert vclient.get_sandbox(running.id).state == "failed"
         running = None
         # The paused one: listed, resumable, its state intact.
@@ -440,5 +456,7 @@ def test_prepared_image_network_and_edge_crash_readoption(fv_ok, vclient, vnode,
         stop_quietly(sb)
         if running is not None:
             stop_quietly(running)
-        subprocess.run([dsec_bin, "vm", "image", "rm", name, "--data-dir", vnode.data_dir], check=False)
+        for n in (name, name2):
+            subprocess.run([dsec_bin, "vm", "image", "rm", n, "--data-dir", vnode.data_dir], check=False,
+                           capture_output=True)
     assert not wait_clean(vnode, vm_dir, timeout=30)
