@@ -433,6 +433,196 @@ pub fn allowlist() -> Result<BpfProgram, SeccompError> {
         .map_err(|e| err("compile seccomp filter", e))
 }
 
+/// What the allowlist decides for a range of syscall numbers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Verdict {
+    Allow,
+    Deny,
+    Clone,
+    Personality,
+    Socket,
+    Ioctl,
+}
+
+// Classic BPF opcodes (linux/bpf_common.h) and seccomp return values (linux/seccomp.h).
+/// BPF_LD | BPF_W | BPF_ABS.
+const LD_W_ABS: u16 = 0x20;
+/// BPF_JMP | BPF_JA.
+const JMP_JA: u16 = 0x05;
+/// BPF_JMP | BPF_JEQ | BPF_K.
+const JMP_JEQ_K: u16 = 0x15;
+/// BPF_JMP | BPF_JGE | BPF_K.
+const JMP_JGE_K: u16 = 0x35;
+/// BPF_JMP | BPF_JSET | BPF_K.
+const JMP_JSET_K: u16 = 0x45;
+/// BPF_RET | BPF_K.
+const RET_K: u16 = 0x06;
+const RET_KILL_PROCESS: u32 = 0x8000_0000;
+const RET_ERRNO: u32 = 0x0005_0000;
+const RET_ALLOW: u32 = 0x7fff_0000;
+/// Offsets in `struct seccomp_data`: nr, arch, args[0] and args[1] (low words, little endian).
+const OFF_NR: u32 = 0;
+const OFF_ARCH: u32 = 4;
+const OFF_ARG0: u32 = 16;
+const OFF_ARG1: u32 = 24;
+
+#[cfg(target_arch = "x86_64")]
+const AUDIT_ARCH: Option<u32> = Some(0xC000_003E);
+#[cfg(target_arch = "aarch64")]
+const AUDIT_ARCH: Option<u32> = Some(0xC000_00B7);
+#[cfg(not(any(target_arch = "x86_64", target_arch = "aarch64")))]
+const AUDIT_ARCH: Option<u32> = None;
+
+fn stmt(code: u16, k: u32) -> seccompiler::sock_filter {
+    seccompiler::sock_filter {
+        code,
+        jt: 0,
+        jf: 0,
+        k,
+    }
+}
+
+fn jump(code: u16, k: u32, jt: u8, jf: u8) -> seccompiler::sock_filter {
+    seccompiler::sock_filter { code, jt, jf, k }
+}
+
+/// The syscall-number line cut into maximal runs of one verdict: `(first number, verdict)`,
+/// starting at 0; each run ends where the next begins (the last one at 2^32).
+fn runs() -> Vec<(u32, Verdict)> {
+    let mut special: BTreeMap<u32, Verdict> = BTreeMap::new();
+    for nr in ALLOWED.iter().chain(ALLOWED_NEW).chain(ALLOWED_ARCH) {
+        special.insert(*nr as u32, Verdict::Allow);
+    }
+    special.insert(libc::SYS_clone as u32, Verdict::Clone);
+    special.insert(libc::SYS_personality as u32, Verdict::Personality);
+    special.insert(libc::SYS_socket as u32, Verdict::Socket);
+    special.insert(libc::SYS_ioctl as u32, Verdict::Ioctl);
+    let mut out: Vec<(u32, Verdict)> = vec![(0, Verdict::Deny)];
+    let push = |start: u32, v: Verdict, out: &mut Vec<(u32, Verdict)>| {
+        match out.last_mut() {
+            Some(last) if last.1 == v => {}
+            Some(last) if last.0 == start => last.1 = v,
+            _ => out.push((start, v)),
+        }
+        // Merge with the run before if the overwrite made them equal.
+        let n = out.len();
+        if n >= 2 && out[n - 2].1 == out[n - 1].1 {
+            out.pop();
+        }
+    };
+    for (&nr, &v) in &special {
+        push(nr, v, &mut out);
+        if let Some(next) = nr.checked_add(1) {
+            if !special.contains_key(&next) {
+                push(next, Verdict::Deny, &mut out);
+            }
+        }
+    }
+    out
+}
+
+/// Where an emitted jump goes before the program is laid out.
+#[derive(Clone, Copy)]
+enum Target {
+    Verdict(Verdict),
+    Index(usize),
+}
+
+/// The allowlist as a compact program: the same decisions as [`allowlist`] (a test checks every
+/// syscall number and the argument cases), but a binary search over runs of syscall numbers
+/// (≈ 2 × log2(runs) instructions per syscall) instead of seccompiler's linear chain of several
+/// hundred instructions — which the kernel must also check, convert and JIT on every sandbox
+/// start. `None` on an architecture without a known audit value.
+pub fn compact_allowlist() -> Option<BpfProgram> {
+    let arch = AUDIT_ARCH?;
+    let runs = runs();
+    // Body: the search tree, with symbolic targets.
+    let mut body: Vec<(seccompiler::sock_filter, Option<Target>)> = Vec::new();
+    fn tree(runs: &[(u32, Verdict)], body: &mut Vec<(seccompiler::sock_filter, Option<Target>)>) {
+        if runs.len() == 1 {
+            body.push((stmt(JMP_JA, 0), Some(Target::Verdict(runs[0].1))));
+            return;
+        }
+        let mid = runs.len() / 2;
+        // A >= first number of the right half: take the long jump to it; else the left half.
+        body.push((jump(JMP_JGE_K, runs[mid].0, 0, 1), None));
+        let ja = body.len();
+        body.push((stmt(JMP_JA, 0), None));
+        tree(&runs[..mid], body);
+        let right = body.len();
+        body[ja].1 = Some(Target::Index(right));
+        tree(&runs[mid..], body);
+    }
+    tree(&runs, &mut body);
+    let mut prog = vec![
+        stmt(LD_W_ABS, OFF_ARCH),
+        jump(JMP_JEQ_K, arch, 1, 0),
+        stmt(RET_K, RET_KILL_PROCESS),
+        stmt(LD_W_ABS, OFF_NR),
+    ];
+    let base = prog.len();
+    let tail_start = base + body.len();
+    // Tail: the verdict blocks, in this order (cBPF jumps only forward: each block returns).
+    let allow = tail_start;
+    let deny = allow + 1;
+    let clone = deny + 1; // ld arg0; jset ns flags; ret deny; ret allow
+    let personality = clone + 4; // ld arg0; jeq each persona -> ret allow; ret deny; ret allow
+    let socket = personality + 1 + PERSONAS.len() + 2; // ld arg0; jeq vsock; ret deny; ret allow
+    let ioctl = socket + 4; // ld arg1; jeq TIOCSTI; jeq TIOCLINUX; ret deny; ret allow
+    let at = |v: Verdict| match v {
+        Verdict::Allow => allow,
+        Verdict::Deny => deny,
+        Verdict::Clone => clone,
+        Verdict::Personality => personality,
+        Verdict::Socket => socket,
+        Verdict::Ioctl => ioctl,
+    };
+    for (i, (mut ins, target)) in body.into_iter().enumerate() {
+        if let Some(t) = target {
+            let to = match t {
+                Target::Verdict(v) => at(v),
+                Target::Index(j) => base + j,
+            };
+            ins.k = (to - (base + i + 1)) as u32;
+        }
+        prog.push(ins);
+    }
+    debug_assert_eq!(prog.len(), allow);
+    prog.push(stmt(RET_K, RET_ALLOW));
+    prog.push(stmt(RET_K, RET_ERRNO | libc::EPERM as u32));
+    let deny_ret = stmt(RET_K, RET_ERRNO | libc::EPERM as u32);
+    let allow_ret = stmt(RET_K, RET_ALLOW);
+    // clone: no namespace flag (all of them are in the low word).
+    debug_assert_eq!(prog.len(), clone);
+    prog.push(stmt(LD_W_ABS, OFF_ARG0));
+    prog.push(jump(JMP_JSET_K, CLONE_NS_FLAGS as u32, 0, 1));
+    prog.push(deny_ret.clone());
+    prog.push(allow_ret.clone());
+    // personality: one of the personas.
+    debug_assert_eq!(prog.len(), personality);
+    prog.push(stmt(LD_W_ABS, OFF_ARG0));
+    let n = PERSONAS.len();
+    for (i, p) in PERSONAS.iter().enumerate() {
+        prog.push(jump(JMP_JEQ_K, *p as u32, (n - i) as u8, 0));
+    }
+    prog.push(deny_ret.clone());
+    prog.push(allow_ret.clone());
+    // socket: anything but vsock.
+    debug_assert_eq!(prog.len(), socket);
+    prog.push(stmt(LD_W_ABS, OFF_ARG0));
+    prog.push(jump(JMP_JEQ_K, AF_VSOCK as u32, 0, 1));
+    prog.push(deny_ret.clone());
+    prog.push(allow_ret.clone());
+    // ioctl: no terminal input injection.
+    debug_assert_eq!(prog.len(), ioctl);
+    prog.push(stmt(LD_W_ABS, OFF_ARG1));
+    prog.push(jump(JMP_JEQ_K, TIOCSTI as u32, 1, 0));
+    prog.push(jump(JMP_JEQ_K, TIOCLINUX as u32, 0, 1));
+    prog.push(deny_ret);
+    prog.push(allow_ret);
+    Some(prog)
+}
+
 /// The second filter: `clone3` fails with ENOSYS, everything else passes on to the allowlist.
 pub fn clone3_enosys() -> Result<BpfProgram, SeccompError> {
     let mut rules: BTreeMap<i64, Vec<SeccompRule>> = BTreeMap::new();
@@ -458,7 +648,10 @@ pub struct Filters {
 impl Filters {
     pub fn build() -> Result<Self, SeccompError> {
         Ok(Filters {
-            allow: allowlist()?,
+            allow: match compact_allowlist() {
+                Some(p) => p,
+                None => allowlist()?,
+            },
             clone3: clone3_enosys()?,
         })
     }
@@ -550,6 +743,109 @@ mod tests {
                 "syscall {nr} must not be unconditionally allowed"
             );
         }
+    }
+
+    /// A classic-BPF interpreter for the opcodes seccompiler and [`compact_allowlist`] emit.
+    fn run(prog: &[seccompiler::sock_filter], data: &[u8; 64]) -> u32 {
+        let word = |off: u32| {
+            let o = off as usize;
+            u32::from_le_bytes([data[o], data[o + 1], data[o + 2], data[o + 3]])
+        };
+        let (mut a, mut pc) = (0u32, 0usize);
+        loop {
+            let i = &prog[pc];
+            pc += 1;
+            match i.code {
+                0x20 => a = word(i.k),
+                0x54 => a &= i.k,
+                0x05 => pc += i.k as usize,
+                0x15 | 0x25 | 0x35 | 0x45 => {
+                    let t = match i.code {
+                        0x15 => a == i.k,
+                        0x25 => a > i.k,
+                        0x35 => a >= i.k,
+                        _ => a & i.k != 0,
+                    };
+                    pc += if t { i.jt } else { i.jf } as usize;
+                }
+                0x06 => return i.k,
+                other => panic!("opcode {other:#x} not interpreted"),
+            }
+        }
+    }
+
+    fn data(arch: u32, nr: u32, arg0: u64, arg1: u64) -> [u8; 64] {
+        let mut d = [0u8; 64];
+        d[0..4].copy_from_slice(&nr.to_le_bytes());
+        d[4..8].copy_from_slice(&arch.to_le_bytes());
+        d[16..24].copy_from_slice(&arg0.to_le_bytes());
+        d[24..32].copy_from_slice(&arg1.to_le_bytes());
+        d
+    }
+
+    #[test]
+    fn compact_allowlist_decides_like_seccompiler() {
+        let Some(compact) = compact_allowlist() else {
+            println!("skipped: no compact filter on this architecture");
+            return;
+        };
+        let reference = allowlist().unwrap();
+        println!(
+            "allowlist: seccompiler {} instructions, compact {}",
+            reference.len(),
+            compact.len()
+        );
+        assert!(compact.len() * 2 < reference.len());
+        let arch = AUDIT_ARCH.unwrap();
+        let args: Vec<u64> = [
+            0,
+            1,
+            0x11,
+            libc::SIGCHLD as u64,
+            AF_VSOCK,
+            AF_VSOCK + 1,
+            TIOCSTI,
+            TIOCLINUX,
+            0x5413,
+            0xffff_ffff,
+            (AF_VSOCK << 32) | 1,
+            1 << 40,
+            u64::MAX,
+        ]
+        .into_iter()
+        .chain(PERSONAS.iter().copied())
+        .chain(PERSONAS.iter().map(|p| p + 1))
+        .chain((0..64).map(|b| 1u64 << b))
+        .chain([CLONE_NS_FLAGS, 0x0100_0000 | 0x0020_0000 | 0x11])
+        .collect();
+        let mut checked = 0;
+        let nrs = (0..1024u32)
+            .chain((0x4000_0000..0x4000_0400).step_by(7))
+            .chain([u32::MAX, u32::MAX - 1, 0x8000_0000]);
+        for nr in nrs {
+            let special = [
+                libc::SYS_clone,
+                libc::SYS_personality,
+                libc::SYS_socket,
+                libc::SYS_ioctl,
+            ]
+            .contains(&(nr as libc::c_long));
+            let arg_cases: &[u64] = if special { &args } else { &[0, u64::MAX] };
+            for &a0 in arg_cases {
+                for &a1 in if special { &args[..] } else { &[0][..] } {
+                    for ar in [arch, 0x4000_0003, 0] {
+                        let d = data(ar, nr, a0, a1);
+                        assert_eq!(
+                            run(&compact, &d),
+                            run(&reference, &d),
+                            "nr {nr} arch {ar:#x} arg0 {a0:#x} arg1 {a1:#x}"
+                        );
+                        checked += 1;
+                    }
+                }
+            }
+        }
+        assert!(checked > 3000);
     }
 
     #[test]
