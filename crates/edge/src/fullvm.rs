@@ -140,18 +140,13 @@ impl Driver for FullVmDriver {
         pid: i32,
     ) -> BoxFut<'_, Result<Box<dyn LiveSandbox>, AdoptError>> {
         Box::pin(async move {
-            match self.inner.adopt_paused(&id, &dir) {
-                Ok(sandbox) => {
-                    Ok(Box::new(crate::microvm::VmLive(sandbox)) as Box<dyn LiveSandbox>)
+            let adopted = self.inner.adopt_paused(&id, &dir);
+            crate::microvm::adopt_paused_vm("full VM", adopted, id, &dir, pid, |vm_dir| {
+                if dsec_runtime::fullvm::kill_leftover_qemu(vm_dir) {
+                    tracing::info!(dir = %vm_dir.display(), "ended the QEMU of a full VM the old edge left running");
                 }
-                Err(why) => {
-                    let vm_dir = dir.join("vm");
-                    let killed = dsec_runtime::fullvm::kill_leftover_qemu(&vm_dir);
-                    tracing::info!(sandbox = %id, reason = %why, killed_qemu = killed, "full VM not re-adoptable (only paused ones are)");
-                    let _ = tokio::fs::remove_dir_all(&vm_dir).await;
-                    Err(AdoptError::Gone { id, pid })
-                }
-            }
+            })
+            .await
         })
     }
 }

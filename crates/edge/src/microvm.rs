@@ -174,16 +174,33 @@ impl Driver for MicroVmDriver {
         pid: i32,
     ) -> BoxFut<'_, Result<Box<dyn LiveSandbox>, AdoptError>> {
         Box::pin(async move {
-            match self.inner.adopt_paused(&id, &dir) {
-                Ok(sandbox) => Ok(Box::new(VmLive(sandbox)) as Box<dyn LiveSandbox>),
-                Err(why) => {
-                    tracing::info!(sandbox = %id, reason = %why, "microVM not re-adoptable (only paused ones are)");
-                    // Whatever is left of it (a running VM ended with the old edge's channel).
-                    let _ = tokio::fs::remove_dir_all(dir.join("vm")).await;
-                    Err(AdoptError::Gone { id, pid })
-                }
-            }
+            // A running microVM ended with the old edge's channel: nothing to end.
+            let adopted = self.inner.adopt_paused(&id, &dir);
+            adopt_paused_vm("microVM", adopted, id, &dir, pid, |_| ()).await
         })
+    }
+}
+
+/// The re-adoption of both VM substrates after an edge restart: a paused VM (`adopted`: taken
+/// over from its snapshot on disk) is live again; any other is gone — `end` ends what is left of
+/// it (given its VM directory), then the directory is removed.
+pub(crate) async fn adopt_paused_vm<T: EdgeVm>(
+    kind: &str,
+    adopted: Result<T, String>,
+    id: String,
+    dir: &std::path::Path,
+    pid: i32,
+    end: impl FnOnce(&std::path::Path),
+) -> Result<Box<dyn LiveSandbox>, AdoptError> {
+    match adopted {
+        Ok(sandbox) => Ok(Box::new(VmLive(sandbox)) as Box<dyn LiveSandbox>),
+        Err(why) => {
+            tracing::info!(sandbox = %id, reason = %why, "{kind} not re-adoptable (only paused ones are)");
+            let vm_dir = dir.join("vm");
+            end(&vm_dir);
+            let _ = tokio::fs::remove_dir_all(&vm_dir).await;
+            Err(AdoptError::Gone { id, pid })
+        }
     }
 }
 
