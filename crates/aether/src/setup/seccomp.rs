@@ -6,7 +6,9 @@
 //! `personality` only takes the harmless personas, `socket` may not open `AF_VSOCK` (vsock
 //! ignores network namespaces), `ioctl` may not inject terminal input (`TIOCSTI`, `TIOCLINUX`).
 //! A second filter turns `clone3` into `ENOSYS` (its flags live in memory, out of reach of BPF),
-//! so libc falls back to `clone`.
+//! so libc falls back to `clone`. The allowlist is installed as [`compact_allowlist`]'s binary
+//! search; [`allowlist`] (seccompiler's linear program) is its reference in the tests and the
+//! fallback on architectures without a compact form.
 //!
 //! Deliberately absent (so denied): mount, umount2, pivot_root, chroot is allowed (CAP_SYS_CHROOT),
 //! unshare, setns, ptrace, process_vm_readv/writev, pidfd_getfd, kexec_*, init_module,
