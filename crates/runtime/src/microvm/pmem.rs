@@ -225,6 +225,18 @@ pub fn sweep(
             out.kept_bytes += size;
             continue;
         }
+        // A create may have claimed it since (a layer of that digest registered again).
+        let claimed = std::fs::read_to_string(sources_file(&copy)).is_ok_and(|now| {
+            now != sidecar
+                || now
+                    .lines()
+                    .any(|l| !l.is_empty() && !l.starts_with('#') && Path::new(l).exists())
+        });
+        if claimed {
+            out.kept += 1;
+            out.kept_bytes += size;
+            continue;
+        }
         match std::fs::remove_file(&copy) {
             Ok(()) => {}
             Err(e) if e.kind() == io::ErrorKind::NotFound => continue,
