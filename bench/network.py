@@ -149,6 +149,7 @@ def main():
     up.start()
     c = up.client()
     background = []
+    done = False
     try:
         for i in range(a.background):
             background.append(c.run_container(dsec.DSecContainerRunArgs(
@@ -192,6 +193,7 @@ def main():
         print(f"allowed TCP stream sandbox -> test host: {sb_rate:.0f} MiB/s; host loopback: {lo_rate:.0f} MiB/s; "
               f"ratio {sb_rate / lo_rate * 100:.0f}% (medians of 5 x {MB} MiB, Python senders and sinks; rounds sandbox {[round(x) for x in results['sandbox']]}, loopback {[round(x) for x in results['loopback']]})")
         print("load average after:", os.getloadavg())
+        done = True
         print(f"reproduce: DSEC_BIN=target/release/dsec python3 bench/network.py --n {a.n}"
               + (f" --background {a.background}" if a.background else ""))
     finally:
@@ -203,6 +205,8 @@ def main():
         c.close()
         up.finish()
         srv.stop()
+        if done:
+            up.remove_log()  # kept when the run failed
 
 
 if __name__ == "__main__":
