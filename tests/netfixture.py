@@ -8,6 +8,7 @@ import fcntl
 import os
 import queue
 import re
+import shutil
 import socket
 import subprocess
 import sys
@@ -154,6 +155,7 @@ class TestServers:
             except subprocess.TimeoutExpired:
                 p.kill()
         self.stop_ns()
+        shutil.rmtree(self.dir, ignore_errors=True)
         if self.lock_fd is not None:
             os.close(self.lock_fd)  # releases the flock
             self.lock_fd = None
