@@ -181,9 +181,22 @@ async fn edge_http_end_to_end() {
         node: node.clone(),
         data: tmp.path().to_path_buf(),
     };
+    // Network objects named apart from any other edge on the host (a `dsec up` of the README's
+    // setup holds the default table `dsec`; one edge per table gets networking).
+    let pid = std::process::id();
+    let b36 = |n: u32| char::from(b"0123456789abcdefghijklmnopqrstuvwxyz"[(n % 36) as usize]);
+    let network = dsec_edge::network::NetworkConfig {
+        subnet_v4: format!("10.{}.0.0/16", 150 + pid % 50),
+        subnet_v6: format!("fd00:e2f:{:x}::/64", pid % 65536),
+        table: format!("dsecr{pid}"),
+        veth_prefix: format!("y{}{}", b36(pid / 36), b36(pid)), // no host interface starts with y
+        gateway_interface: format!("dsr{pid}"),
+        ..Default::default()
+    };
     let cfg = EdgeConfig {
         node_id: node.clone(),
         data_dir: tmp.path().to_path_buf(),
+        network,
         ..Default::default()
     };
     let (edge, api, server) = start(cfg.clone()).await;
