@@ -75,7 +75,7 @@ fn cap(c: &Capability) -> String {
 /// `capabilities: cgroup v1, cpu.idle: available, core scheduling: unavailable (EINVAL), ...`
 pub fn capabilities_line(c: &NodeCapabilities) -> String {
     format!(
-        "capabilities: cgroup {}, cpu.idle: {}, core scheduling: {}, SCHED_IDLE: {}, SMT: {}, PSI: {}, DAMON: {}, zram: {}, KSM: {}",
+        "capabilities: cgroup {}, cpu.idle: {}, core scheduling: {}, SCHED_IDLE: {}, SMT: {}, PSI: {}, DAMON: {}, zram: {}, KSM: {}, favordynmods: {}",
         c.cgroup_version,
         cap(&c.cpu_idle),
         cap(&c.core_scheduling),
@@ -84,7 +84,8 @@ pub fn capabilities_line(c: &NodeCapabilities) -> String {
         cap(&c.psi),
         cap(&c.damon),
         cap(&c.zram),
-        cap(&c.ksm)
+        cap(&c.ksm),
+        cap(&c.cgroup_favordynmods)
     )
 }
 
@@ -121,9 +122,14 @@ mod tests {
                 available: true,
                 detail: "x".into(),
             },
+            cgroup_favordynmods: Capability {
+                available: true,
+                detail: String::new(),
+            },
             ..Default::default()
         };
         let line = capabilities_line(&c);
+        assert!(line.contains("favordynmods: available"), "{line}");
         assert!(line.contains("cgroup v1"), "{line}");
         assert!(
             line.contains("core scheduling: unavailable (EINVAL)"),
