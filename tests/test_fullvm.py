@@ -327,6 +327,7 @@ def _user_image(tmp: Path, dsec_bin: str) -> Path:
     raw = tmp / "user.raw"
     subprocess.run(["qemu-img", "convert", "-f", "qcow2", "-O", "raw", str(IMAGE), str(raw)], check=True)
     kdir = tmp / "k"
+    ird = tmp / "initrd"
     subprocess.run(["dpkg-deb", "-x", str(debs[0]), str(kdir)], check=True)
     mnt = tmp / "mnt"
     mnt.mkdir()
@@ -347,7 +348,6 @@ def _user_image(tmp: Path, dsec_bin: str) -> Path:
             for a in ("ip", "modprobe"):
                 os.symlink("/usr/local/bin/busybox", mnt / "usr" / "local" / "sbin" / a)
             # The initramfs without its network part.
-            ird = tmp / "initrd"
             ird.mkdir()
             data = subprocess.run(["gzip", "-dc", str(mnt / "boot" / "initrd.img")], check=True,
                                   capture_output=True).stdout
@@ -372,6 +372,9 @@ def _user_image(tmp: Path, dsec_bin: str) -> Path:
     subprocess.run([dsec_bin, "vm", "prepare-image", "--in", str(raw), "--out", str(out)], check=True,
                    capture_output=True, timeout=600)
     raw.unlink()
+    # pytest keeps the last runs' tmp_path: leave no kernel tree or initramfs there.
+    shutil.rmtree(kdir)
+    shutil.rmtree(ird)
     return out
 
 
