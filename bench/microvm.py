@@ -4,7 +4,11 @@ initramfs to a shell (issue 9): cold boots and restore-from-template creates, ea
 plain boot in the same run (interleaved: plain, cold, templated, plain, ...). Same machine type,
 accelerator and memory.
 
-    DSEC_BIN=target/release/dsec python3 bench/microvm.py [--runs 5]
+    DSEC_BIN=target/release/dsec python3 bench/microvm.py [--runs 5] [--machine microvm|pc]
+
+`--machine` (default: $DSEC_MICROVM_MACHINE, else microvm, dsec's default) is the QEMU machine
+type of both the plain boot and dsec's VMs (the edges get DSEC_MICROVM_MACHINE); every dsec VM's
+command line is checked to have used it (no silent fallback to pc).
 
 Starts two `dsec up` of its own (temporary data dirs, own ports and node ids, stopped at the end):
 one with `DSEC_MICROVM_TEMPLATES=0` (every create boots cold) and one with templates on (the
@@ -37,7 +41,7 @@ from helpers import DsecUp, new_data_dir, remove_data_dir  # noqa: E402
 
 GUEST = Path(os.environ.get("DSEC_GUEST_DIR") or Path(os.environ.get("DSEC_CACHE", "/var/cache/dsec")) / "guest")
 ACCEL = os.environ.get("DSEC_MICROVM_ACCEL", "tcg")
-MACHINE = os.environ.get("DSEC_MICROVM_MACHINE", "pc")
+MACHINE = os.environ.get("DSEC_MICROVM_MACHINE", "microvm")
 
 
 def newc(name: str, data: bytes, mode: int) -> bytes:
@@ -56,7 +60,8 @@ def plain_boot(tmp: Path, memory_mb: int) -> float:
     initrd.write_bytes((GUEST / "initrd.img").read_bytes() + gzip.compress(newc("init", init, 0o100755)))
     log = tmp / "plain-console.log"
     log.unlink(missing_ok=True)
-    m = "microvm,pit=on,pic=on,rtc=on" if MACHINE == "microvm" else "pc"
+    # The machine option exactly as dsec passes it (`Machine::as_str`: microvm's defaults).
+    m = MACHINE
     # The same CPU model as dsec's guests (RDRAND, see `Accel::cpu_model`).
     cpu = "host" if ACCEL == "kvm" else "qemu64,+rdrand"
     args = ["qemu-system-x86_64", "-M", m, "-accel", ACCEL, "-m", f"{memory_mb}M", "-smp", "1", "-cpu", cpu,
@@ -77,7 +82,7 @@ def plain_boot(tmp: Path, memory_mb: int) -> float:
         p.wait()
 
 
-def dsec_boot(client, memory_mb: int, expect_boot: str) -> float:
+def dsec_boot(up: DsecUp, client, memory_mb: int, expect_boot: str) -> float:
     t0 = time.monotonic()
     sb = client.run_microvm(DSecMicroVMRunArgs(container_image="busybox", memory_limit_mb=memory_mb), timeout=300)
     try:
@@ -86,17 +91,25 @@ def dsec_boot(client, memory_mb: int, expect_boot: str) -> float:
         assert r.stdout == "ok\n", r
         boot = sb.info.raw.get("boot")
         assert boot == expect_boot, f"expected a {expect_boot} boot, got {boot!r}"
+        args = (Path(up.sandbox_dir(sb.id)) / "vm" / "qemu.args").read_text()
+        assert f'"-M","{MACHINE}"' in args, f"the VM did not run on {MACHINE}: {args[:200]}"
         return took
     finally:
         sb.stop()
 
 
 def start_edge(binary: str, tag: str, templates: bool) -> DsecUp:
+    saved = {k: os.environ.get(k) for k in ("DSEC_MICROVM_TEMPLATES", "DSEC_MICROVM_MACHINE")}
     os.environ["DSEC_MICROVM_TEMPLATES"] = "1" if templates else "0"
+    os.environ["DSEC_MICROVM_MACHINE"] = MACHINE
     try:
         return DsecUp(binary, new_data_dir(tag), f"bvm{tag}{os.getpid() % 10000}").start()
     finally:
-        os.environ.pop("DSEC_MICROVM_TEMPLATES", None)
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
 
 
 def wait_template(up: DsecUp, timeout: float = 300) -> None:
@@ -118,10 +131,13 @@ def fmt(name: str, v, base=None) -> str:
 
 
 def main() -> None:
+    global MACHINE
     ap = argparse.ArgumentParser()
     ap.add_argument("--runs", type=int, default=5)
     ap.add_argument("--memory-mb", type=int, default=256)
+    ap.add_argument("--machine", choices=["microvm", "pc"], default=MACHINE)
     a = ap.parse_args()
+    MACHINE = a.machine
     binary = os.environ.get("DSEC_BIN", str(ROOT / "target" / "release" / "dsec"))
     cold_up = start_edge(binary, "c", templates=False)
     tpl_up = start_edge(binary, "t", templates=True)
@@ -131,14 +147,14 @@ def main() -> None:
         cold_c, tpl_c = cold_up.client(), tpl_up.client()
         # The shape's first create on the template edge boots cold; its template is built
         # in the background: wait for it before timing.
-        dsec_boot(tpl_c, a.memory_mb, "cold")
+        dsec_boot(tpl_up, tpl_c, a.memory_mb, "cold")
         wait_template(tpl_up)
         with tempfile.TemporaryDirectory() as d:
             for _ in range(a.runs):  # interleaved, so all three see the same machine load
                 loads.append(os.getloadavg()[0])
                 plain.append(plain_boot(Path(d), a.memory_mb))
-                cold.append(dsec_boot(cold_c, a.memory_mb, "cold"))
-                tpl.append(dsec_boot(tpl_c, a.memory_mb, "template"))
+                cold.append(dsec_boot(cold_up, cold_c, a.memory_mb, "cold"))
+                tpl.append(dsec_boot(tpl_up, tpl_c, a.memory_mb, "template"))
         cold_c.close()
         tpl_c.close()
     finally:
@@ -147,7 +163,7 @@ def main() -> None:
             remove_data_dir(dd)
             up.remove_log()
     mp = statistics.median(plain)
-    print(f"reproduce: DSEC_BIN={binary} python3 bench/microvm.py --runs {a.runs} --memory-mb {a.memory_mb}")
+    print(f"reproduce: DSEC_BIN={binary} python3 bench/microvm.py --runs {a.runs} --memory-mb {a.memory_mb} --machine {MACHINE}")
     print(f"accelerator {ACCEL}, machine {MACHINE}, {a.memory_mb} MiB, 1 vCPU, busybox, {a.runs} runs each")
     print(f"load average (1 min) during the runs: {min(loads):.2f}-{max(loads):.2f}; at the end: "
           f"{' '.join(f'{x:.2f}' for x in os.getloadavg())}")

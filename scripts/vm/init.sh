@@ -26,11 +26,13 @@ fail() {
 mount -t proc proc /proc || fail "mount /proc"
 mount -t sysfs sysfs /sys || fail "mount /sys"
 mount -t devtmpfs devtmpfs /dev || fail "mount /dev"
-# microvm describes its virtio-mmio devices on the kernel command line; insmod (unlike
-# modprobe) does not read module parameters from there, so hand them over.
+# QEMU's microvm machine has virtio-mmio devices instead of PCI. It describes them in its ACPI
+# tables (devices LNRO0005, the default) or, with acpi=off, on the kernel command line; insmod
+# (unlike modprobe) does not read module parameters from there, so hand them over.
 # Only the modules this VM's devices need (each insmod costs tens of ms under TCG): virtio_mmio
-# on the microvm machine only, the pmem stack only with pmem regions, the balloon driver only
-# with a balloon (`dsec.balloon=1`).
+# on the microvm machine only, virtio_pci only with a PCI bus that has devices besides host
+# bridges, the pmem stack only with pmem regions, the balloon driver only with a balloon
+# (`dsec.balloon=1`).
 mmio=
 pmem=
 balloon=
@@ -43,9 +45,23 @@ for a in $(cat /proc/cmdline); do
         dsec.net=*) netcfg=${a#dsec.net=} ;;
     esac
 done
+for d in /sys/bus/acpi/devices/LNRO0005:*; do
+    [ -e "$d" ] && mmio=${mmio:- }
+done
+pci=
+for d in /sys/bus/pci/devices/*; do
+    [ -e "$d/class" ] || continue
+    # 0x0600xx: host bridge (microvm's PCIe root); anything else needs virtio_pci.
+    case $(cat "$d/class") in
+        0x0600*) ;;
+        *) pci=1 ;;
+    esac
+done
 while read -r m; do
     case $m in
         */virtio_mmio.ko) [ -n "$mmio" ] && { insmod "$m" $mmio || fail "insmod $m"; } ;;
+        */virtio_pci.ko|*/virtio_pci_modern_dev.ko|*/virtio_pci_legacy_dev.ko)
+            [ -n "$pci" ] && { insmod "$m" || fail "insmod $m"; } ;;
         */libnvdimm.ko|*/nd_btt.ko|*/nd_pmem.ko|*/nd_virtio.ko|*/virtio_pmem.ko)
             [ -n "$pmem" ] && { insmod "$m" || fail "insmod $m"; } ;;
         */virtio_balloon.ko) [ -n "$balloon" ] && { insmod "$m" || fail "insmod $m"; } ;;

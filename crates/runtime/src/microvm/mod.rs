@@ -67,8 +67,9 @@ pub struct MicroVmConfig {
 
 impl MicroVmConfig {
     /// Defaults from the environment: `DSEC_MICROVM_ACCEL` (`kvm` | `tcg`, default `tcg`:
-    /// this project's CI has no working KVM), `DSEC_MICROVM_MACHINE` (`pc` | `microvm`,
-    /// default `pc`), `DSEC_QEMU` (default `qemu-system-x86_64`), `DSEC_MICROVM_DISK_MB`
+    /// this project's CI has no working KVM), `DSEC_MICROVM_MACHINE` (`microvm` | `pc`,
+    /// default `microvm`; a microvm boot that fails for the machine's reasons falls back to
+    /// `pc`), `DSEC_QEMU` (default `qemu-system-x86_64`), `DSEC_MICROVM_DISK_MB`
     /// (writable disk size, default 4096), `DSEC_MICROVM_BALLOON` (`0` turns virtio-balloon
     /// free page reporting off), `DSEC_MICROVM_PMEM` (`0` attaches layers as virtio-blk disks
     /// instead of virtio-pmem + DAX).
@@ -77,10 +78,10 @@ impl MicroVmConfig {
             Ok("kvm") => Accel::Kvm,
             _ => Accel::Tcg,
         };
-        let machine = match std::env::var("DSEC_MICROVM_MACHINE").as_deref() {
-            Ok("microvm") => Machine::Microvm,
-            _ => Machine::Pc,
-        };
+        let machine = std::env::var("DSEC_MICROVM_MACHINE")
+            .ok()
+            .and_then(|m| Machine::parse(m.trim()))
+            .unwrap_or(Machine::Microvm);
         MicroVmConfig {
             aether_path,
             qemu_binary: std::env::var_os("DSEC_QEMU")
@@ -128,6 +129,9 @@ pub struct MicroVmSubstrate {
     /// The aether binary as put into guests (stripped of debug info when `strip` exists: it
     /// is unpacked and copied in every boot), keyed by the source's size and mtime.
     aether_cache: Arc<Mutex<AetherCache>>,
+    /// Set once a `microvm` boot failed for the machine's reasons and the same guest then
+    /// booted on `pc`: later VMs use `pc` directly.
+    pc_fallback: Arc<std::sync::atomic::AtomicBool>,
 }
 
 type AetherCache = Option<(u64, SystemTime, Arc<Vec<u8>>)>;
@@ -387,6 +391,14 @@ fn spawn_err(what: &str, e: io::Error) -> CreateSandboxError {
     CreateSandboxError::Spawn(io::Error::new(e.kind(), format!("{what}: {e}")))
 }
 
+/// Whether a failed cold boot is the machine type's fault: QEMU exited before the guest's
+/// /init handed over to aether (QEMU refused its command line, or the guest's kernel or /init
+/// failed on the machine's devices). A guest that reached aether failed for other reasons.
+fn machine_failure(e: &vm::BootError, vm_dir: &Path) -> bool {
+    let console = std::fs::read_to_string(vm_dir.join("console.log")).unwrap_or_default();
+    e.qemu_exited && !console.contains("root ready, starting aether")
+}
+
 /// The last lines of the guest's console, for error messages.
 fn console_tail(vm_dir: &Path) -> String {
     // Our init's and aether's own lines (not the kernel's `[ time] ...`), then the last ones.
@@ -407,7 +419,28 @@ impl MicroVmSubstrate {
             config,
             templates: None,
             aether_cache: Arc::new(Mutex::new(None)),
+            pc_fallback: Arc::new(std::sync::atomic::AtomicBool::new(false)),
         }
+    }
+
+    /// The machine type new VMs get: the configured one, or `pc` after a fallback, or `pc`
+    /// when a `microvm` guest under TCG could not be told the TSC frequency (it would hang in
+    /// TSC calibration: [`qemu::host_tsc_khz`]).
+    pub fn machine(&self) -> Machine {
+        if self.pc_fallback.load(std::sync::atomic::Ordering::Relaxed) {
+            return Machine::Pc;
+        }
+        if self.config.machine == Machine::Microvm
+            && self.config.accel == Accel::Tcg
+            && qemu::host_tsc_khz().is_none()
+        {
+            static LOGGED: std::sync::Once = std::sync::Once::new();
+            LOGGED.call_once(|| {
+                tracing::warn!("microVM: no invariant TSC frequency for microvm guests under TCG; using the pc machine");
+            });
+            return Machine::Pc;
+        }
+        self.config.machine
     }
 
     /// Turns restore-from-template boots on (when `config.enabled`), templates kept in
@@ -537,10 +570,12 @@ impl MicroVmSubstrate {
         Ok(path)
     }
 
-    /// The guest's layers as files (and their virtio-pmem copies when pmem is on).
+    /// The guest's layers as files (and their virtio-pmem copies when pmem is on and the
+    /// machine has virtio-pmem).
     async fn guest_layers(
         &self,
         spec: &SandboxSpec,
+        machine: Machine,
     ) -> Result<Vec<GuestLayer>, CreateSandboxError> {
         self.config
             .check_guest()
@@ -552,7 +587,7 @@ impl MicroVmSubstrate {
                 "the image has no layers".into(),
             ));
         }
-        if self.config.pmem {
+        if self.config.pmem && machine.supports_pmem() {
             for l in layers.iter_mut() {
                 l.meta_pmem = pmem_copy(&self.config.pmem_dir, &l.meta).await;
                 if let Some(b) = &l.blob {
@@ -576,9 +611,10 @@ impl MicroVmSubstrate {
         vm_dir: &Path,
         initrd: &Path,
         layers: &[GuestLayer],
+        machine: Machine,
     ) -> vm::Launch {
         let mut args = qemu::command_line(&qemu::QemuArgs {
-            machine: self.config.machine,
+            machine,
             accel: self.config.accel,
             memory_mb: spec.memory_limit_mb.max(128),
             vcpus: spec.cpu_cores_limit.ceil().max(1.0) as u32,
@@ -591,8 +627,12 @@ impl MicroVmSubstrate {
             layers,
             upper: Some(&vm_dir.join(UPPER_DISK)),
             balloon: self.config.balloon,
+            // Under KVM the guest has kvmclock; under TCG its TSC is the host's.
+            tsc_khz: (self.config.accel == Accel::Tcg && machine == Machine::Microvm)
+                .then(qemu::host_tsc_khz)
+                .flatten(),
         });
-        if self.templates.is_some() && self.config.machine == Machine::Pc {
+        if self.templates.is_some() && machine == Machine::Pc {
             // A VM generation id (ACPI): a guest kernel with the vmgenid driver reseeds its
             // RNG when a restore changes it (`guid=auto`: a new id per start and restore).
             args.extend(["-device".to_string(), "vmgenid,guid=auto".to_string()]);
@@ -609,6 +649,7 @@ impl MicroVmSubstrate {
         &self,
         spec: &SandboxSpec,
         layers: &[GuestLayer],
+        machine: Machine,
     ) -> Option<(String, String)> {
         let t = self.templates.as_ref()?;
         if !t.enabled() || spec.netns.is_some() {
@@ -650,7 +691,7 @@ impl MicroVmSubstrate {
             "kernel={kernel} initrd={initrd} aether={aether} qemu={} machine={} accel={} \
              mem={} vcpus={} disk_mb={} balloon={} layers={} user={:?} env={:?}",
             self.config.qemu_binary.display(),
-            self.config.machine.as_str(),
+            machine.as_str(),
             self.config.accel.as_str(),
             spec.memory_limit_mb.max(128),
             spec.cpu_cores_limit.ceil().max(1.0) as u32,
@@ -668,12 +709,16 @@ impl MicroVmSubstrate {
         spec: &SandboxSpec,
         vm_dir: &Path,
     ) -> Result<MicroVmSandbox, CreateSandboxError> {
-        let layers = self.guest_layers(spec).await?;
-        let key = self.template_key(spec, &layers).await;
+        let mut machine = self.machine();
+        let mut layers = self.guest_layers(spec, machine).await?;
+        let mut key = self.template_key(spec, &layers, machine).await;
         let mut boot = template::BootKind::Cold;
         if let (Some((key, _)), Some(t)) = (&key, &self.templates) {
             if let Some(tpl) = t.lookup(key) {
-                match self.start_from_template(spec, vm_dir, &tpl, &layers).await {
+                match self
+                    .start_from_template(spec, vm_dir, &tpl, &layers, machine)
+                    .await
+                {
                     Ok(vm) => {
                         t.stats
                             .templated
@@ -698,15 +743,64 @@ impl MicroVmSubstrate {
                 }
             }
         }
-        let vm = self.boot_cold(spec, vm_dir, &layers).await?;
+        tokio::fs::create_dir_all(vm_dir)
+            .await
+            .map_err(|e| spawn_err("create the VM directory", e))?;
+        // A NIC on the sandbox's network namespace (net.rs): bridge + tap there, QEMU in it.
+        // Prepared once: a fallback boot reuses it.
+        let nic = net::attach(spec.netns.clone(), vm_dir).await?;
+        let vm = match self
+            .boot_cold(spec, vm_dir, &layers, machine, nic.as_ref())
+            .await
+        {
+            Ok(vm) => vm,
+            Err(e) if machine == Machine::Microvm && machine_failure(&e, vm_dir) => {
+                tracing::warn!(
+                    sandbox = %spec.id, error = %e.msg,
+                    "microVM: the microvm machine failed to boot the guest; retrying on pc"
+                );
+                // The failed attempt's logs stay for a look: console-microvm.log, qemu.log.
+                let _ = std::fs::rename(
+                    vm_dir.join("console.log"),
+                    vm_dir.join("console-microvm.log"),
+                );
+                machine = Machine::Pc;
+                layers = self.guest_layers(spec, machine).await?;
+                key = self.template_key(spec, &layers, machine).await;
+                let vm = self
+                    .boot_cold(spec, vm_dir, &layers, machine, nic.as_ref())
+                    .await
+                    .map_err(|e2| {
+                        CreateSandboxError::Setup(format!(
+                            "{e2}; guest console: {} (booted on pc after microvm failed: {e})",
+                            console_tail(vm_dir)
+                        ))
+                    })?;
+                if !self
+                    .pc_fallback
+                    .swap(true, std::sync::atomic::Ordering::Relaxed)
+                {
+                    tracing::warn!(
+                        "microVM: the microvm machine fails here and pc works: new VMs use pc"
+                    );
+                }
+                vm
+            }
+            Err(e) => {
+                return Err(CreateSandboxError::Setup(format!(
+                    "{e}; guest console: {}",
+                    console_tail(vm_dir)
+                )))
+            }
+        };
         if let Some(t) = &self.templates {
             t.stats
                 .cold
                 .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         }
-        tracing::info!(sandbox = %spec.id, pid = vm.pid(), boot = boot.as_str(), "microVM ready");
+        tracing::info!(sandbox = %spec.id, pid = vm.pid(), boot = boot.as_str(), machine = machine.as_str(), "microVM ready");
         if let Some((key, shape)) = key {
-            self.spawn_template_build(spec, key, shape);
+            self.spawn_template_build(spec, key, shape, machine);
         }
         Ok(MicroVmSandbox {
             id: spec.id.clone(),
@@ -718,36 +812,31 @@ impl MicroVmSubstrate {
 
     /// Boots the guest's kernel (init_user and env reach aether through the initramfs:
     /// /dsec-user, /dsec-environ, which the guest's /init passes as --user / --env-file).
+    /// `vm_dir` exists; `nic` is the guest's NIC ([`net::attach`]) if it has one.
     async fn boot_cold(
         &self,
         spec: &SandboxSpec,
         vm_dir: &Path,
         layers: &[GuestLayer],
-    ) -> Result<vm::Vm, CreateSandboxError> {
-        tokio::fs::create_dir_all(vm_dir)
-            .await
-            .map_err(|e| spawn_err("create the VM directory", e))?;
+        machine: Machine,
+        nic: Option<&net::VmNet>,
+    ) -> Result<vm::Vm, vm::BootError> {
         let initrd = self
             .write_initrd(spec, vm_dir)
             .await
-            .map_err(|e| spawn_err("write the initramfs", e))?;
+            .map_err(|e| format!("write the initramfs: {e}"))?;
         make_upper_disk(&vm_dir.join(UPPER_DISK), self.disk_mb(spec))
             .await
-            .map_err(|e| CreateSandboxError::Setup(format!("create the writable disk: {e}")))?;
-        let mut launch = self.launch_for(spec, vm_dir, &initrd, layers);
-        // A NIC on the sandbox's network namespace (net.rs): bridge + tap there, QEMU in it.
-        if let Some(n) = net::attach(spec.netns.clone(), vm_dir).await? {
-            net::add_to_microvm(&mut launch.args, &n, self.config.machine);
+            .map_err(|e| format!("create the writable disk: {e}"))?;
+        let mut launch = self.launch_for(spec, vm_dir, &initrd, layers, machine);
+        if let Some(n) = nic {
+            net::add_to_microvm(&mut launch.args, n, machine);
         }
         tracing::info!(
             sandbox = %spec.id, accel = self.config.accel.as_str(),
-            machine = self.config.machine.as_str(), layers = layers.len(), "microVM starting"
+            machine = machine.as_str(), layers = layers.len(), "microVM starting"
         );
-        vm::Vm::boot(&spec.id, vm_dir, launch, self.config.boot_timeout)
-            .await
-            .map_err(|msg| {
-                CreateSandboxError::Setup(format!("{msg}; guest console: {}", console_tail(vm_dir)))
-            })
+        vm::Vm::boot(&spec.id, vm_dir, launch, self.config.boot_timeout).await
     }
 
     /// A clone of `tpl`: its disk copied, its snapshot restored, then the guest's own identity
@@ -758,6 +847,7 @@ impl MicroVmSubstrate {
         vm_dir: &Path,
         tpl: &template::Template,
         layers: &[GuestLayer],
+        machine: Machine,
     ) -> Result<vm::Vm, String> {
         tokio::fs::create_dir_all(vm_dir)
             .await
@@ -771,7 +861,7 @@ impl MicroVmSubstrate {
                 .map_err(|e| format!("copy the template's initramfs: {e}"))?;
         }
         template::copy_disk(&tpl.disk(), &vm_dir.join(UPPER_DISK)).await?;
-        let launch = self.launch_for(spec, vm_dir, &initrd, layers);
+        let launch = self.launch_for(spec, vm_dir, &initrd, layers, machine);
         tracing::info!(sandbox = %spec.id, template = %tpl.key, "microVM restoring from its template");
         let vm = vm::Vm::restore_clone(&spec.id, vm_dir, launch, &tpl.snapshot()).await?;
         let seed = template::host_seed().map_err(|e| format!("host randomness: {e}"))?;
@@ -799,7 +889,13 @@ impl MicroVmSubstrate {
     }
 
     /// Builds the template of a shape in the background (unless it exists or is being built).
-    fn spawn_template_build(&self, spec: &SandboxSpec, key: String, shape: String) {
+    fn spawn_template_build(
+        &self,
+        spec: &SandboxSpec,
+        key: String,
+        shape: String,
+        machine: Machine,
+    ) {
         let Some(t) = self.templates.clone() else {
             return;
         };
@@ -816,7 +912,7 @@ impl MicroVmSubstrate {
         let t2 = t.clone();
         let h = tokio::spawn(async move {
             let r = tokio::select! {
-                r = this.build_template(&spec, &key, shape, &dir) => r,
+                r = this.build_template(&spec, &key, shape, &dir, machine) => r,
                 _ = t2.closing() => Err("the edge is stopping".to_string()),
             };
             t2.finish_build(&key, &dir, r);
@@ -832,13 +928,20 @@ impl MicroVmSubstrate {
         key: &str,
         shape: String,
         dir: &Path,
+        machine: Machine,
     ) -> Result<template::TemplateMeta, String> {
         let started = std::time::Instant::now();
-        let layers = self.guest_layers(spec).await.map_err(|e| e.to_string())?;
-        let vm = self
-            .boot_cold(spec, dir, &layers)
+        let layers = self
+            .guest_layers(spec, machine)
             .await
             .map_err(|e| e.to_string())?;
+        tokio::fs::create_dir_all(dir)
+            .await
+            .map_err(|e| format!("create {}: {e}", dir.display()))?;
+        let vm = self
+            .boot_cold(spec, dir, &layers, machine, None)
+            .await
+            .map_err(|e| format!("{e}; guest console: {}", console_tail(dir)))?;
         // A guard: the VM ends if this future is dropped (edge stopping) mid-snapshot.
         struct KillOnDrop(Option<vm::Vm>);
         impl Drop for KillOnDrop {

@@ -145,6 +145,47 @@ struct Started {
     child: tokio::process::Child,
     pid: i32,
     stream: UnixStream,
+    /// Length of `qemu.log` before this process started: what it wrote begins there.
+    log_start: u64,
+}
+
+/// Why a cold boot failed.
+#[derive(Debug, Clone)]
+pub struct BootError {
+    pub msg: String,
+    /// QEMU exited before aether's `Ready` (it refused its command line, crashed, or the
+    /// guest's kernel panicked). A guest that reached aether, an aether that refused to start
+    /// and a boot timeout do not count.
+    pub qemu_exited: bool,
+}
+
+impl std::fmt::Display for BootError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.msg)
+    }
+}
+
+impl From<String> for BootError {
+    fn from(msg: String) -> Self {
+        BootError {
+            msg,
+            qemu_exited: false,
+        }
+    }
+}
+
+/// What QEMU wrote to `qemu.log` (its stdout and stderr) from byte `from` on: the last few
+/// lines, joined with ` | ` (empty when it wrote nothing).
+pub fn qemu_log_since(vm_dir: &Path, from: u64) -> String {
+    let raw = std::fs::read(vm_dir.join("qemu.log")).unwrap_or_default();
+    let start = usize::try_from(from).unwrap_or(usize::MAX).min(raw.len());
+    let text = String::from_utf8_lossy(&raw[start..]);
+    let lines: Vec<&str> = text
+        .lines()
+        .map(str::trim)
+        .filter(|l| !l.is_empty())
+        .collect();
+    lines[lines.len().saturating_sub(5)..].join(" | ")
 }
 
 async fn start_qemu(launch: &Launch, vm_dir: &Path, extra: &[&str]) -> Result<Started, String> {
@@ -156,6 +197,7 @@ async fn start_qemu(launch: &Launch, vm_dir: &Path, extra: &[&str]) -> Result<St
         .append(true)
         .open(vm_dir.join("qemu.log"))
         .map_err(|e| format!("open qemu.log: {e}"))?;
+    let log_start = log.metadata().map(|m| m.len()).unwrap_or(0);
     let log2 = log.try_clone().map_err(|e| format!("dup qemu.log: {e}"))?;
     let mut cmd = tokio::process::Command::new(&launch.qemu_binary);
     // A VM with a NIC runs QEMU in the sandbox's network namespace (net.rs).
@@ -177,12 +219,15 @@ async fn start_qemu(launch: &Launch, vm_dir: &Path, extra: &[&str]) -> Result<St
             Err(_) => return Err("QEMU did not open the aether channel socket within 30 s".into()),
         },
         st = child.wait() => {
-            let log = std::fs::read_to_string(vm_dir.join("qemu.log")).unwrap_or_default();
-            let tail: Vec<&str> = log.lines().rev().take(5).collect();
-            return Err(format!("QEMU exited at start ({st:?}): {}", tail.into_iter().rev().collect::<Vec<_>>().join(" | ")));
+            return Err(format!("QEMU exited at start ({st:?}): {}", qemu_log_since(vm_dir, log_start)));
         }
     };
-    Ok(Started { child, pid, stream })
+    Ok(Started {
+        child,
+        pid,
+        stream,
+        log_start,
+    })
 }
 
 /// Reaps `child` in the background: `exited` becomes true, and `dead` too (with a reason) when
@@ -223,7 +268,7 @@ impl Vm {
         vm_dir: &Path,
         launch: Launch,
         boot_timeout: Duration,
-    ) -> Result<Vm, String> {
+    ) -> Result<Vm, BootError> {
         let args_json = serde_json::to_vec(&launch).map_err(|e| format!("encode args: {e}"))?;
         std::fs::write(vm_dir.join(ARGS_FILE), args_json)
             .map_err(|e| format!("write {ARGS_FILE}: {e}"))?;
@@ -231,11 +276,25 @@ impl Vm {
             mut child,
             pid,
             mut stream,
-        } = start_qemu(&launch, vm_dir, &[]).await?;
+            log_start,
+        } = start_qemu(&launch, vm_dir, &[])
+            .await
+            .map_err(|msg| BootError {
+                qemu_exited: msg.starts_with("QEMU exited"),
+                msg,
+            })?;
         // The guest's /init waits for this byte before starting aether: a read of a
         // virtio-serial port whose host side is not yet open returns EOF.
         if let Err(e) = tokio::io::AsyncWriteExt::write_all(&mut stream, SYNC_BYTE).await {
-            return Err(format!("send the sync byte: {e}"));
+            let _ = child.start_kill();
+            let st = child.wait().await;
+            return Err(BootError {
+                msg: format!(
+                    "send the sync byte: {e} (QEMU {st:?}: {})",
+                    qemu_log_since(vm_dir, log_start)
+                ),
+                qemu_exited: true,
+            });
         }
         let (client_end, edge_end) = UnixStream::pair().map_err(|e| format!("socketpair: {e}"))?;
         let aether = AetherClient::new(client_end);
@@ -254,11 +313,24 @@ impl Vm {
             },
             st = child.wait() => Err(format!("QEMU exited during boot ({st:?})")),
         };
-        if let Err(msg) = ready {
+        if let Err(mut msg) = ready {
             intentional.store(true, Ordering::SeqCst);
+            // Whether QEMU ended on its own (a closed channel usually means it did: give it a
+            // moment to be reaped) or is killed here.
+            let exited = tokio::time::timeout(Duration::from_millis(500), child.wait())
+                .await
+                .is_ok();
             let _ = child.start_kill();
             let _ = child.wait().await;
-            return Err(msg);
+            let log = qemu_log_since(vm_dir, log_start);
+            if !log.is_empty() {
+                // QEMU's own words (e.g. a device the machine type does not have).
+                msg.push_str(&format!("; QEMU: {log}"));
+            }
+            return Err(BootError {
+                msg,
+                qemu_exited: exited,
+            });
         }
         let (dead_tx, dead_rx) = watch::channel(false);
         let dead_tx = Arc::new(dead_tx);
@@ -632,6 +704,7 @@ async fn restore_process(
         mut child,
         pid,
         stream,
+        ..
     } = start_qemu(launch, vm_dir, &["-S", "-incoming", "defer"]).await?;
     let uri = format!(
         "exec:cat {}",
