@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import gzip
+import json
 import os
 import statistics
 import subprocess
@@ -42,6 +43,10 @@ from helpers import DsecUp, new_data_dir, remove_data_dir  # noqa: E402
 GUEST = Path(os.environ.get("DSEC_GUEST_DIR") or Path(os.environ.get("DSEC_CACHE", "/var/cache/dsec")) / "guest")
 ACCEL = os.environ.get("DSEC_MICROVM_ACCEL", "tcg")
 MACHINE = os.environ.get("DSEC_MICROVM_MACHINE", "microvm")
+# Kernel arguments dsec adds for the machine (microvm under TCG: the TSC frequency, without
+# which the guest's PIT calibration can fail under load and hang the boot), taken from the
+# first dsec VM's command line so that the plain boot gets exactly the same.
+MACHINE_APPEND: list = []
 
 
 def newc(name: str, data: bytes, mode: int) -> bytes:
@@ -67,7 +72,7 @@ def plain_boot(tmp: Path, memory_mb: int) -> float:
     args = ["qemu-system-x86_64", "-M", m, "-accel", ACCEL, "-m", f"{memory_mb}M", "-smp", "1", "-cpu", cpu,
             "-nodefaults", "-no-user-config", "-nographic", "-no-reboot",
             "-kernel", str(GUEST / "vmlinuz"), "-initrd", str(initrd),
-            "-append", "console=ttyS0 panic=-1 quiet loglevel=4 random.trust_cpu=on no_timer_check",
+            "-append", " ".join(["console=ttyS0 panic=-1 quiet loglevel=4 random.trust_cpu=on no_timer_check"] + MACHINE_APPEND),
             "-chardev", f"file,id=log,path={log}", "-serial", "chardev:log"]
     t0 = time.monotonic()
     p = subprocess.Popen(args, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
@@ -93,6 +98,10 @@ def dsec_boot(up: DsecUp, client, memory_mb: int, expect_boot: str) -> float:
         assert boot == expect_boot, f"expected a {expect_boot} boot, got {boot!r}"
         args = (Path(up.sandbox_dir(sb.id)) / "vm" / "qemu.args").read_text()
         assert f'"-M","{MACHINE}"' in args, f"the VM did not run on {MACHINE}: {args[:200]}"
+        if not MACHINE_APPEND:
+            append = json.loads(args)["args"]
+            append = append[append.index("-append") + 1].split()
+            MACHINE_APPEND.extend(a for a in append if a.startswith(("tsc_early_khz=", "tsc=")))
         return took
     finally:
         sb.stop()
@@ -164,7 +173,8 @@ def main() -> None:
             up.remove_log()
     mp = statistics.median(plain)
     print(f"reproduce: DSEC_BIN={binary} python3 bench/microvm.py --runs {a.runs} --memory-mb {a.memory_mb} --machine {MACHINE}")
-    print(f"accelerator {ACCEL}, machine {MACHINE}, {a.memory_mb} MiB, 1 vCPU, busybox, {a.runs} runs each")
+    print(f"accelerator {ACCEL}, machine {MACHINE}, {a.memory_mb} MiB, 1 vCPU, busybox, {a.runs} runs each; "
+          f"machine kernel args (dsec's and the plain boot's): {' '.join(MACHINE_APPEND) or '-'}")
     print(f"load average (1 min) during the runs: {min(loads):.2f}-{max(loads):.2f}; at the end: "
           f"{' '.join(f'{x:.2f}' for x in os.getloadavg())}")
     print(fmt("plain QEMU boot to a shell:", plain))

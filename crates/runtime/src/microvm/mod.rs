@@ -1108,6 +1108,38 @@ mod tests {
     use super::*;
 
     #[test]
+    fn only_failures_before_aether_are_the_machines() {
+        let t = tempfile::tempdir().unwrap();
+        let exited = vm::BootError {
+            msg: "the guest's channel closed before Ready".into(),
+            qemu_exited: true,
+        };
+        // QEMU refused its command line: no console at all.
+        assert!(machine_failure(&exited, t.path()));
+        // The guest's /init failed before aether.
+        std::fs::write(
+            t.path().join("console.log"),
+            "dsec-init: no disk or pmem region for layer file m0\ndsec-init: FAILED\n",
+        )
+        .unwrap();
+        assert!(machine_failure(&exited, t.path()));
+        // aether was started: whatever happened next is not the machine's.
+        std::fs::write(
+            t.path().join("console.log"),
+            "dsec-init: 1.2 root ready, starting aether on /dev/vport1p1\n",
+        )
+        .unwrap();
+        assert!(!machine_failure(&exited, t.path()));
+        // A timeout or aether's refusal: QEMU was still running.
+        std::fs::remove_file(t.path().join("console.log")).unwrap();
+        let running = vm::BootError {
+            msg: "the guest sent no Ready within 120s".into(),
+            qemu_exited: false,
+        };
+        assert!(!machine_failure(&running, t.path()));
+    }
+
+    #[test]
     fn layers_resolve_to_meta_and_blob() {
         let t = tempfile::tempdir().unwrap();
         let store = t.path();
