@@ -393,10 +393,32 @@ fn spawn_err(what: &str, e: io::Error) -> CreateSandboxError {
 
 /// Whether a failed cold boot is the machine type's fault: QEMU exited before the guest's
 /// /init handed over to aether (QEMU refused its command line, or the guest's kernel or /init
-/// failed on the machine's devices). A guest that reached aether failed for other reasons.
+/// failed on the machine's devices), or the kernel hung before /init said anything. A guest
+/// that reached aether failed for other reasons.
 fn machine_failure(e: &vm::BootError, vm_dir: &Path) -> bool {
     let console = std::fs::read_to_string(vm_dir.join("console.log")).unwrap_or_default();
-    e.qemu_exited && !console.contains("root ready, starting aether")
+    (e.qemu_exited || e.init_silent) && !console.contains("root ready, starting aether")
+}
+
+/// How long a `microvm` guest may boot without a line from its /init before the boot counts
+/// as hung on the machine (a boot prints its first line after ≈ 1 s of guest time; minutes
+/// would mean a kernel stuck in early boot, e.g. in timer calibration).
+const MICROVM_INIT_SILENCE: Duration = Duration::from_secs(30);
+
+/// Resolves once `console` went `limit` without a line from the guest's /init; never if
+/// one came.
+async fn init_silent(console: &Path, limit: Duration) {
+    let start = std::time::Instant::now();
+    loop {
+        tokio::time::sleep(Duration::from_millis(250)).await;
+        let text = tokio::fs::read(console).await.unwrap_or_default();
+        if text.windows(10).any(|w| w == b"dsec-init:") {
+            return std::future::pending().await;
+        }
+        if start.elapsed() >= limit {
+            return;
+        }
+    }
 }
 
 /// The last lines of the guest's console, for error messages.
@@ -836,7 +858,24 @@ impl MicroVmSubstrate {
             sandbox = %spec.id, accel = self.config.accel.as_str(),
             machine = machine.as_str(), layers = layers.len(), "microVM starting"
         );
-        vm::Vm::boot(&spec.id, vm_dir, launch, self.config.boot_timeout).await
+        let boot = vm::Vm::boot(&spec.id, vm_dir, launch, self.config.boot_timeout);
+        if machine != Machine::Microvm {
+            return boot.await;
+        }
+        let console = vm_dir.join("console.log");
+        tokio::select! {
+            r = boot => r,
+            // Dropping the boot ends QEMU (kill on drop).
+            _ = init_silent(&console, MICROVM_INIT_SILENCE) => Err(vm::BootError {
+                msg: format!(
+                    "the guest's /init printed nothing within {MICROVM_INIT_SILENCE:?} (the \
+                     kernel hangs early on the {} machine?)",
+                    machine.as_str()
+                ),
+                qemu_exited: false,
+                init_silent: true,
+            }),
+        }
     }
 
     /// A clone of `tpl`: its disk copied, its snapshot restored, then the guest's own identity
@@ -1113,6 +1152,7 @@ mod tests {
         let exited = vm::BootError {
             msg: "the guest's channel closed before Ready".into(),
             qemu_exited: true,
+            init_silent: false,
         };
         // QEMU refused its command line: no console at all.
         assert!(machine_failure(&exited, t.path()));
@@ -1135,8 +1175,16 @@ mod tests {
         let running = vm::BootError {
             msg: "the guest sent no Ready within 120s".into(),
             qemu_exited: false,
+            init_silent: false,
         };
         assert!(!machine_failure(&running, t.path()));
+        // A kernel that hung before /init said anything.
+        let hung = vm::BootError {
+            msg: "the guest's /init printed nothing within 30s".into(),
+            qemu_exited: false,
+            init_silent: true,
+        };
+        assert!(machine_failure(&hung, t.path()));
     }
 
     #[test]

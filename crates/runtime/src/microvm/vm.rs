@@ -157,6 +157,9 @@ pub struct BootError {
     /// guest's kernel panicked). A guest that reached aether, an aether that refused to start
     /// and a boot timeout do not count.
     pub qemu_exited: bool,
+    /// The guest's /init printed nothing for a long time (the kernel hangs early on this
+    /// machine); QEMU was ended.
+    pub init_silent: bool,
 }
 
 impl std::fmt::Display for BootError {
@@ -170,6 +173,7 @@ impl From<String> for BootError {
         BootError {
             msg,
             qemu_exited: false,
+            init_silent: false,
         }
     }
 }
@@ -281,6 +285,7 @@ impl Vm {
             .await
             .map_err(|msg| BootError {
                 qemu_exited: msg.starts_with("QEMU exited"),
+                init_silent: false,
                 msg,
             })?;
         // The guest's /init waits for this byte before starting aether: a read of a
@@ -294,6 +299,7 @@ impl Vm {
                     qemu_log_since(vm_dir, log_start)
                 ),
                 qemu_exited: true,
+                init_silent: false,
             });
         }
         let (client_end, edge_end) = UnixStream::pair().map_err(|e| format!("socketpair: {e}"))?;
@@ -330,6 +336,7 @@ impl Vm {
             return Err(BootError {
                 msg,
                 qemu_exited: exited,
+                init_silent: false,
             });
         }
         let (dead_tx, dead_rx) = watch::channel(false);
