@@ -256,30 +256,68 @@ def test_microvm_from_debian_layers(vm_ok, client, debian):
         stop_quietly(sb)
 
 
-def test_microvm_layers_on_pmem_with_dax_and_balloon(vm_ok, client, debian, node):
-    """Density hooks: the debian layers are virtio-pmem regions mounted with DAX (unless the
-    node runs with DSEC_MICROVM_PMEM=0), and the guest has a free-page-reporting balloon."""
+def _qemu_cmdline(vm_dir: Path) -> list:
+    return Path(f"/proc/{qemu_pids_for(str(vm_dir))[0]}/cmdline").read_bytes().decode().split("\0")
+
+
+def test_microvm_layers_and_balloon(vm_ok, client, debian, node):
+    """Density hooks on the node's default machine: a free-page-reporting balloon, and the
+    debian layers as virtio-pmem regions mounted with DAX where the machine has them (`pc`;
+    QEMU 7.2's `microvm` gives pmem no address, so there they are virtio-blk disks)."""
     sb = client.run_microvm(DSecMicroVMRunArgs(container_image=debian, memory_limit_mb=512), timeout=300)
     try:
-        mounts = sh(sb, "cat /proc/mounts")
         vm_dir = Path(node.sandbox_dir(sb.id)) / "vm"
-        cmd = " ".join(Path(f"/proc/{qemu_pids_for(str(vm_dir))[0]}/cmdline").read_bytes().decode().split("\0"))
+        argv = _qemu_cmdline(vm_dir)
+        cmd = " ".join(argv)
+        machine = argv[argv.index("-M") + 1].split(",")[0]
         assert "free-page-reporting=on" in cmd
         assert sh(sb, "cat /sys/bus/virtio/drivers/virtio_balloon/*/features >/dev/null && echo ok").strip() == "ok"
-        if os.environ.get("DSEC_MICROVM_PMEM") == "0":
-            assert "virtio-pmem-pci" not in cmd
-            return
-        assert "virtio-pmem-pci" in cmd and "share=on,readonly=on" in cmd, cmd
-        # Layer mounts are not visible after switch_root; the console log of /init says if DAX
-        # was refused.
-        console = (vm_dir / "console.log").read_text(errors="replace")
-        assert "dsec-init" in console and "no DAX" not in console, console[-2000:]
-        assert sh(sb, "ls /sys/block | grep -c pmem").strip() != "0"
-        assert "overlay" in mounts
-        # Python from the DAX-mapped layers works.
+        if machine == "microvm" or os.environ.get("DSEC_MICROVM_PMEM") == "0":
+            assert "virtio-pmem" not in cmd, cmd
+            blk = "virtio-blk-device" if machine == "microvm" else "virtio-blk-pci"
+            assert blk in cmd, cmd
+        else:
+            _assert_pmem_dax(sb, vm_dir, cmd)
+        # Python from the layers works.
         assert sh(sb, "python3 -c 'import json; print(json.dumps([1]))'").strip() == "[1]"
     finally:
         stop_quietly(sb)
+
+
+def _assert_pmem_dax(sb, vm_dir: Path, cmd: str) -> None:
+    assert "virtio-pmem-pci" in cmd and "share=on,readonly=on" in cmd, cmd
+    # Layer mounts are not visible after switch_root; the console log of /init says if DAX
+    # was refused.
+    console = (vm_dir / "console.log").read_text(errors="replace")
+    assert "dsec-init" in console and "no DAX" not in console, console[-2000:]
+    assert sh(sb, "ls /sys/block | grep -c pmem").strip() != "0"
+    assert "overlay" in sh(sb, "cat /proc/mounts")
+
+
+def test_microvm_pc_machine_layers_on_pmem_with_dax(vm_ok, dsec_bin, monkeypatch):
+    """On the `pc` machine (DSEC_MICROVM_MACHINE=pc) the layers are virtio-pmem regions mounted
+    with DAX, so co-located VMs share the host's page cache of them."""
+    from helpers import DsecUp, new_data_dir, remove_data_dir
+
+    monkeypatch.setenv("DSEC_MICROVM_MACHINE", "pc")
+    monkeypatch.setenv("DSEC_MICROVM_TEMPLATES", "0")
+    data = new_data_dir("vmpc")
+    up = DsecUp(dsec_bin, data, f"e2epc{os.getpid() % 100000}").start()
+    try:
+        with up.client() as c:
+            sb = c.run_microvm(DSecMicroVMRunArgs(container_image="busybox"), timeout=300)
+            try:
+                vm_dir = Path(up.sandbox_dir(sb.id)) / "vm"
+                argv = _qemu_cmdline(vm_dir)
+                assert argv[argv.index("-M") + 1].split(",")[0] == "pc", argv
+                _assert_pmem_dax(sb, vm_dir, " ".join(argv))
+                assert sh(sb, "echo from-dax-layers").strip() == "from-dax-layers"
+            finally:
+                stop_quietly(sb)
+    finally:
+        up.stop()
+        remove_data_dir(data)
+        up.remove_log()
 
 
 def test_microvm_disk_limit_sizes_the_writable_disk(vm_ok, client, node):
