@@ -998,7 +998,9 @@ impl Manager {
         // while they destroy, so theirs moves after.
         let trash = self.cfg.edge_dir().join(records::TRASH_DIR);
         let early = lock(&entry.info).substrate == Substrate::Container;
-        let moved = early.then(|| records::move_to_trash(&entry.dir, &trash)).flatten();
+        let moved = early
+            .then(|| records::move_to_trash(&entry.dir, &trash))
+            .flatten();
         let dir = moved.clone().unwrap_or_else(|| entry.dir.clone());
         if let Err(e) = entry.sandbox.destroy().await {
             problems.push(format!("destroy: {e}"));
