@@ -178,6 +178,7 @@ class NetUp(DsecUp):
     def __init__(self, binary: str, tag: str, config: str = CONFIG, table: str = TABLE, veth_prefix: str = "dst") -> None:
         self.table = table
         self.veth_prefix = veth_prefix
+        self.node_config = config
         data = new_data_dir(tag)
         os.makedirs(data, exist_ok=True)
         cfg = os.path.join(data, "dsec.toml")
@@ -235,8 +236,9 @@ class NetUp(DsecUp):
 
     def finish(self) -> int:
         rc = self.stop()
-        # Nothing of the namespaces, veths, chains, loop devices or mounts may stay behind (the
-        # base table may: an edge owns it across runs).
+        # Nothing of the namespaces, veths, chains, loop devices or mounts may stay behind, and
+        # after a clean stop with no sandbox left neither may the edge's table and gateway
+        # interface (a restarted edge makes them again).
         left = {}
         deadline = time.monotonic() + 5
         while time.monotonic() < deadline:
@@ -246,6 +248,12 @@ class NetUp(DsecUp):
             time.sleep(0.2)
         remove_data_dir(self.data_dir)
         assert not left, f"leftover per-sandbox objects: {left}"
+        if rc == 0:
+            m = re.search(r'gateway_interface = "([^"]+)"', self.node_config)
+            node_left = {k: v for k, v in dict(
+                table=sh(f"nft list table inet {self.table}", check=False).returncode == 0,
+                gateway=bool(m) and os.path.exists(f"/sys/class/net/{m.group(1)}")).items() if v}
+            assert not node_left, f"left after a clean stop with no sandbox: {node_left}"
         return rc
 
 

@@ -157,6 +157,15 @@ pub fn host_setup(dummy: &str, gateway: Ipv4Addr) -> Result<(), NetError> {
     Ok(())
 }
 
+/// Removes the gateway interface [`host_setup`] made (edge shutdown with no sandbox left).
+pub fn host_teardown(dummy: &str) {
+    if std::path::Path::new("/sys/class/net").join(dummy).exists() {
+        if let Err(e) = ip(&["link", "del", dummy]) {
+            tracing::warn!(interface = dummy, error = %e, "remove the gateway interface");
+        }
+    }
+}
+
 /// One sandbox's prepared namespace.
 #[derive(Debug)]
 pub struct Prepared {

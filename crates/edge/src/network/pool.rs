@@ -107,7 +107,8 @@ impl Network {
     }
 
     /// Stops refilling and removes every spare (edge shutdown). With no sandbox left attached
-    /// (a clean shutdown stops them all first), the table goes too: every table's base chains
+    /// (a clean shutdown stops them all first), the table and the gateway interface go too
+    /// (a restarted edge makes them again): every table's base chains
     /// run for every forwarded packet on the host, and libnftables reads every table before
     /// each transaction, so tables of stopped edges must not pile up.
     pub async fn shutdown(&self) {
@@ -119,8 +120,10 @@ impl Network {
         }
         if self.init.initialized() && lock(&self.sandboxes).is_empty() {
             let table = self.cfg.table.clone();
+            let dummy = self.cfg.gateway_interface.clone();
             let _ = blocking(move || {
                 super::nft::delete_table(&table);
+                super::netns::host_teardown(&dummy);
                 Ok(())
             })
             .await;
