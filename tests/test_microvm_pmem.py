@@ -18,8 +18,41 @@ from pathlib import Path
 
 import pytest
 
-from helpers import make_microvm, stop_quietly
+from helpers import DsecUp, find_dsec_bin, make_microvm, new_data_dir, remove_data_dir, stop_quietly
 from vmfixture import qemu_pids_for
+
+
+@pytest.fixture(scope="module")
+def node(microvm_ok):
+    """A node of its own on the `pc` machine: QEMU 7.2's `microvm` (the default) gives
+    virtio-pmem regions no address, so only `pc` attaches layers as pmem copies."""
+    binary = os.environ.get("DSEC_BIN") or find_dsec_bin()
+    if not binary:
+        pytest.skip("no dsec binary")
+    saved = {k: os.environ.get(k) for k in ("DSEC_MICROVM_MACHINE", "DSEC_MICROVM_TEMPLATES")}
+    os.environ["DSEC_MICROVM_MACHINE"] = "pc"
+    os.environ["DSEC_MICROVM_TEMPLATES"] = "0"
+    data = new_data_dir("vmpmem")
+    up = DsecUp(binary, data, f"pmem{os.getpid() % 100000}")
+    try:
+        up.start()
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+    yield up
+    up.stop()
+    remove_data_dir(data)
+    up.remove_log()
+
+
+@pytest.fixture(scope="module")
+def client(node):
+    c = node.client()
+    yield c
+    c.close()
 
 
 def _unique_busybox_tar(path: Path, mark: str) -> None:

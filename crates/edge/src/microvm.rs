@@ -174,9 +174,15 @@ impl Driver for MicroVmDriver {
         pid: i32,
     ) -> BoxFut<'_, Result<Box<dyn LiveSandbox>, AdoptError>> {
         Box::pin(async move {
-            // A running microVM ended with the old edge's channel: nothing to end.
+            // A running microVM's guest ends when the old edge's channel closes, but not at once
+            // (a loaded TCG guest may take seconds): its QEMU is ended here.
             let adopted = self.inner.adopt_paused(&id, &dir);
-            adopt_paused_vm("microVM", adopted, id, &dir, pid, |_| ()).await
+            adopt_paused_vm("microVM", adopted, id, &dir, pid, |vm_dir| {
+                if dsec_runtime::microvm::vm::kill_leftover_qemu(vm_dir) {
+                    tracing::info!(dir = %vm_dir.display(), "ended the QEMU of a microVM the old edge left running");
+                }
+            })
+            .await
         })
     }
 }

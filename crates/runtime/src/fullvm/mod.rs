@@ -402,22 +402,7 @@ impl FullVmSubstrate {
     }
 }
 
-/// Ends the QEMU of a full VM an earlier edge run left running (found by its pidfile
-/// `<vm dir>/qemu.pid`, and only if that pid is a QEMU process); whether one was killed.
-pub fn kill_leftover_qemu(vm_dir: &Path) -> bool {
-    let pid = std::fs::read_to_string(vm_dir.join("qemu.pid"))
-        .ok()
-        .and_then(|s| s.trim().parse::<i32>().ok())
-        .filter(|p| *p > 1);
-    let Some(pid) = pid else { return false };
-    let comm = std::fs::read_to_string(format!("/proc/{pid}/comm")).unwrap_or_default();
-    if !comm.starts_with("qemu-system") {
-        return false;
-    }
-    // SAFETY: kill(2) with a pid read from the VM's pidfile whose process is a QEMU (checked
-    // just above via /proc/<pid>/comm); no memory is touched.
-    unsafe { libc::kill(pid, libc::SIGKILL) == 0 }
-}
+pub use crate::microvm::vm::kill_leftover_qemu;
 
 impl Substrate for FullVmSubstrate {
     type Sandbox = FullVmSandbox;

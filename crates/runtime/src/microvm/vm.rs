@@ -866,3 +866,26 @@ pub async fn cleanup_failed_create(
         _ => e,
     }
 }
+
+/// Ends the QEMU of a VM (microVM or full VM) an earlier edge run left running (found by its
+/// pidfile `<vm dir>/qemu.pid`, and only if that pid is a QEMU process whose command line names
+/// this VM directory: a recycled pid may be another VM's QEMU); whether one was killed.
+pub fn kill_leftover_qemu(vm_dir: &Path) -> bool {
+    let pid = std::fs::read_to_string(vm_dir.join("qemu.pid"))
+        .ok()
+        .and_then(|s| s.trim().parse::<i32>().ok())
+        .filter(|p| *p > 1);
+    let Some(pid) = pid else { return false };
+    let comm = std::fs::read_to_string(format!("/proc/{pid}/comm")).unwrap_or_default();
+    if !comm.starts_with("qemu-system") {
+        return false;
+    }
+    let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
+    let needle = vm_dir.as_os_str().as_encoded_bytes();
+    if needle.is_empty() || !cmdline.windows(needle.len()).any(|w| w == needle) {
+        return false;
+    }
+    // SAFETY: kill(2) with a pid read from the VM's pidfile whose process is this VM's QEMU
+    // (checked just above via /proc/<pid>/comm and its command line); no memory is touched.
+    unsafe { libc::kill(pid, libc::SIGKILL) == 0 }
+}
