@@ -130,19 +130,31 @@ pub fn apply(
                     None => a.weight,
                 });
             }
-            // The agent, and whatever already runs in the sandbox's cgroup (nothing should:
-            // no user command has run yet; this makes it independent of the agent's start-up).
-            let mut pids: Vec<i32> = cg.as_ref().and_then(|c| c.procs().ok()).unwrap_or_default();
-            pids.push(pid);
-            pids.retain(|p| *p > 1);
-            pids.sort_unstable();
-            pids.dedup();
-            for p in pids {
-                match sched_idle(p) {
-                    Ok(n) => out.sched_idle_tasks += n,
-                    // A process of the sandbox that exited meanwhile (not the agent).
-                    Err(ApplyError::Rlimit { errno, .. }) if errno == "ESRCH" && p != pid => {}
-                    Err(e) => return Err(e),
+            // The agent first: whatever it forks from now on inherits SCHED_IDLE and the
+            // RLIMIT_NICE of 0. Then what it forked before — its `default` shell is started
+            // while the edge answers the create — from the sandbox's cgroup, twice: a fork in
+            // flight during the first pass (its policy copied from the agent before the agent
+            // was set, the child not yet listed) is listed by the second.
+            if pid > 1 {
+                out.sched_idle_tasks += sched_idle(pid)?;
+            }
+            let mut done = vec![pid];
+            for pass in 0..2 {
+                if pass > 0 {
+                    std::thread::sleep(std::time::Duration::from_micros(200));
+                }
+                let pids: Vec<i32> = cg.as_ref().and_then(|c| c.procs().ok()).unwrap_or_default();
+                for p in pids {
+                    if p <= 1 || done.contains(&p) {
+                        continue;
+                    }
+                    done.push(p);
+                    match sched_idle(p) {
+                        Ok(n) => out.sched_idle_tasks += n,
+                        // A process of the sandbox that exited meanwhile.
+                        Err(ApplyError::Rlimit { errno, .. }) if errno == "ESRCH" => {}
+                        Err(e) => return Err(e),
+                    }
                 }
             }
         }
