@@ -140,7 +140,7 @@ def test_vm_interactive_terminal(vm, node):
 def test_vm_pause_snapshot_resume_keeps_files_and_a_counter(vm, client, node):
     vm_dir = Path(node.sandbox_dir(vm.id)) / "vm"
     vm.write_file("/root/keep.txt", b"kept across the pause\n")
-    sh(vm, "(i=0; while :; do i=$((i+1)); echo $i > /root/counter; sleep 0.2; done) >/dev/null 2>&1 & echo $! > /root/loop.pid")
+    sh(vm, "(i=0; while :; do i=$((i+1)); echo $i > /root/counter.new && mv /root/counter.new /root/counter; sleep 0.2; done) >/dev/null 2>&1 & echo $! > /root/loop.pid")
     loop_pid = sh(vm, "cat /root/loop.pid").strip()
     time.sleep(1.0)
     for _ in range(2):  # chainable: a resumed VM pauses again
@@ -409,7 +409,7 @@ def test_prepared_image_network_and_edge_crash_readoption(fv_ok, vclient, vnode,
 
         # Crash with this VM paused and another one running.
         sb.write_file("/root/keep.txt", b"kept across the crash\n")
-        sh(sb, "(i=0; while :; do i=$((i+1)); echo $i > /root/counter; sleep 0.2; done) >/dev/null 2>&1 & echo $! > /root/loop.pid")
+        sh(sb, "(i=0; while :; do i=$((i+1)); echo $i > /root/counter.new && mv /root/counter.new /root/counter; sleep 0.2; done) >/dev/null 2>&1 & echo $! > /root/loop.pid")
         loop_pid = sh(sb, "cat /root/loop.pid").strip()
         time.sleep(0.6)
         before = int(sh(sb, "cat /root/counter"))

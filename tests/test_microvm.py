@@ -101,7 +101,7 @@ def test_microvm_pause_snapshot_resume_chain(vm_ok, client, node):
     try:
         data = os.urandom(50_000)
         sb.write_file("/root/keep.bin", data)
-        sh(sb, "cd /root && (i=0; while :; do i=$((i+1)); echo $i > /root/counter; sleep 0.1; done) >/dev/null 2>&1 & echo $! > /root/loop.pid")
+        sh(sb, "cd /root && (i=0; while :; do i=$((i+1)); echo $i > /root/counter.new && mv /root/counter.new /root/counter; sleep 0.1; done) >/dev/null 2>&1 & echo $! > /root/loop.pid")
         sh(sb, "export KEPT=session-env; cd /etc")
         loop_pid = sh(sb, "cat /root/loop.pid").strip()
         time.sleep(1.0)
@@ -203,7 +203,7 @@ def test_microvm_paused_survives_edge_restart(vm_ok, dsec_bin):
     try:
         with up.client() as c:
             paused = c.run_microvm(DSecMicroVMRunArgs(container_image="busybox"), timeout=300)
-            sh(paused, "(i=0; while :; do i=$((i+1)); echo $i > /root/counter; sleep 0.1; done) >/dev/null 2>&1 &")
+            sh(paused, "(i=0; while :; do i=$((i+1)); echo $i > /root/counter.new && mv /root/counter.new /root/counter; sleep 0.1; done) >/dev/null 2>&1 &")
             sh(paused, "cd /etc")
             time.sleep(0.5)
             paused.pause()

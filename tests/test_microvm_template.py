@@ -158,7 +158,7 @@ def test_clones_files_are_isolated(clones):
 def test_templated_vm_counter_pause_resume(clones, tnode):
     a, _ = clones
     vm_dir = Path(tnode.sandbox_dir(a.id)) / "vm"
-    sh(a, "(i=0; while :; do i=$((i+1)); echo $i > /root/counter; sleep 0.1; done) >/dev/null 2>&1 & echo started")
+    sh(a, "(i=0; while :; do i=$((i+1)); echo $i > /root/counter.new && mv /root/counter.new /root/counter; sleep 0.1; done) >/dev/null 2>&1 & echo started")
     assert wait_until(lambda: sh(a, "cat /root/counter 2>/dev/null || echo 0").strip() not in ("", "0"), timeout=10)
     before = int(sh(a, "cat /root/counter"))
     pids = qemu_pids_for(str(vm_dir))
