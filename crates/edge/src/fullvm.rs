@@ -141,12 +141,7 @@ impl Driver for FullVmDriver {
     ) -> BoxFut<'_, Result<Box<dyn LiveSandbox>, AdoptError>> {
         Box::pin(async move {
             let adopted = self.inner.adopt_paused(&id, &dir);
-            crate::microvm::adopt_paused_vm("full VM", adopted, id, &dir, pid, |vm_dir| {
-                if dsec_runtime::fullvm::kill_leftover_qemu(vm_dir) {
-                    tracing::info!(dir = %vm_dir.display(), "ended the QEMU of a full VM the old edge left running");
-                }
-            })
-            .await
+            crate::microvm::adopt_paused_vm("full VM", adopted, id, &dir, pid).await
         })
     }
 }

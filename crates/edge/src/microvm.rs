@@ -174,36 +174,31 @@ impl Driver for MicroVmDriver {
         pid: i32,
     ) -> BoxFut<'_, Result<Box<dyn LiveSandbox>, AdoptError>> {
         Box::pin(async move {
-            // A running microVM's guest ends when the old edge's channel closes, but not at once
-            // (a loaded TCG guest may take seconds): its QEMU is ended here.
             let adopted = self.inner.adopt_paused(&id, &dir);
-            adopt_paused_vm("microVM", adopted, id, &dir, pid, |vm_dir| {
-                if dsec_runtime::microvm::vm::kill_leftover_qemu(vm_dir) {
-                    tracing::info!(dir = %vm_dir.display(), "ended the QEMU of a microVM the old edge left running");
-                }
-            })
-            .await
+            adopt_paused_vm("microVM", adopted, id, &dir, pid).await
         })
     }
 }
 
 /// The re-adoption of both VM substrates after an edge restart: a paused VM (`adopted`: taken
-/// over from its snapshot on disk) is live again; any other is gone — `end` ends what is left of
-/// it (given its VM directory), then the directory is removed.
+/// over from its snapshot on disk) is live again; any other is gone — its QEMU, if the old edge
+/// left one running (a guest ends on its own when the old channel closes, but not at once: a
+/// loaded TCG guest may take seconds), is ended by its pidfile, then the directory is removed.
 pub(crate) async fn adopt_paused_vm<T: EdgeVm>(
     kind: &str,
     adopted: Result<T, String>,
     id: String,
     dir: &std::path::Path,
     pid: i32,
-    end: impl FnOnce(&std::path::Path),
 ) -> Result<Box<dyn LiveSandbox>, AdoptError> {
     match adopted {
         Ok(sandbox) => Ok(Box::new(VmLive(sandbox)) as Box<dyn LiveSandbox>),
         Err(why) => {
             tracing::info!(sandbox = %id, reason = %why, "{kind} not re-adoptable (only paused ones are)");
             let vm_dir = dir.join("vm");
-            end(&vm_dir);
+            if dsec_runtime::microvm::vm::kill_leftover_qemu(&vm_dir) {
+                tracing::info!(sandbox = %id, "ended the QEMU of a {kind} the old edge left running");
+            }
             let _ = tokio::fs::remove_dir_all(&vm_dir).await;
             Err(AdoptError::Gone { id, pid })
         }

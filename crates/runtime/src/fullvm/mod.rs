@@ -387,7 +387,7 @@ impl FullVmSubstrate {
     /// Takes over a paused full VM of an earlier edge run: its state is the snapshot and the
     /// qcow2 overlay in `<sandbox dir>/vm`, with the QEMU command line (`qemu.args`) that
     /// restores it. A VM that was running when the edge went away is not adoptable (its
-    /// channel is gone); the caller ends its QEMU ([`kill_leftover_qemu`]).
+    /// channel is gone); the caller ends its QEMU ([`crate::microvm::vm::kill_leftover_qemu`]).
     pub fn adopt_paused(&self, id: &str, sandbox_dir: &Path) -> Result<FullVmSandbox, String> {
         let vm_dir = sandbox_dir.join("vm");
         if !vm_dir.join("overlay.qcow2").is_file() {
@@ -401,8 +401,6 @@ impl FullVmSubstrate {
         })
     }
 }
-
-pub use crate::microvm::vm::kill_leftover_qemu;
 
 impl Substrate for FullVmSubstrate {
     type Sandbox = FullVmSandbox;

@@ -215,7 +215,7 @@ impl Templates {
             } else {
                 // A build the earlier edge did not finish: its QEMU may still run (stopped for
                 // the snapshot, it would never end on its own).
-                kill_leftover_qemu(&path);
+                super::vm::kill_leftover_qemu(&path);
                 tracing::info!(dir = %path.display(), "removing an incomplete microVM template");
                 let _ = std::fs::remove_dir_all(&path);
             }
@@ -426,26 +426,6 @@ impl Templates {
             }
         }
     }
-}
-
-/// Kills the QEMU whose pidfile is in `dir`, if that process still runs with `dir` on its
-/// command line (a recycled pid is left alone).
-fn kill_leftover_qemu(dir: &Path) {
-    let Some(pid) = std::fs::read_to_string(dir.join("qemu.pid"))
-        .ok()
-        .and_then(|p| p.trim().parse::<i32>().ok())
-        .filter(|&p| p > 1)
-    else {
-        return;
-    };
-    let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
-    let needle = dir.as_os_str().as_encoded_bytes();
-    if !cmdline.windows(needle.len()).any(|w| w == needle) {
-        return;
-    }
-    tracing::info!(pid, dir = %dir.display(), "killing the QEMU of an unfinished microVM template build");
-    // SAFETY: kill(2) on a pid whose command line names our template directory.
-    unsafe { libc::kill(pid, libc::SIGKILL) };
 }
 
 fn hex_of(b: &[u8]) -> String {

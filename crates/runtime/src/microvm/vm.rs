@@ -339,11 +339,36 @@ impl Vm {
                 init_silent: false,
             });
         }
+        Ok(Vm::running(
+            id,
+            vm_dir,
+            launch,
+            aether,
+            child,
+            pid,
+            intentional,
+            relay,
+        ))
+    }
+
+    /// A VM whose QEMU (`child`, `pid`) runs and whose aether channel is relayed; a waiter task
+    /// reports the QEMU's end. Shared by the cold boot and the restore from a template.
+    #[allow(clippy::too_many_arguments)]
+    fn running(
+        id: &str,
+        vm_dir: &Path,
+        launch: Launch,
+        aether: AetherClient,
+        child: tokio::process::Child,
+        pid: i32,
+        intentional: Arc<AtomicBool>,
+        relay: Relay,
+    ) -> Vm {
         let (dead_tx, dead_rx) = watch::channel(false);
         let dead_tx = Arc::new(dead_tx);
         let died = Arc::new(Mutex::new(None));
         let exited = spawn_waiter(child, intentional.clone(), dead_tx.clone(), died.clone());
-        Ok(Vm {
+        Vm {
             id: id.to_string(),
             vm_dir: vm_dir.to_path_buf(),
             launch,
@@ -359,7 +384,7 @@ impl Vm {
             dead_tx,
             dead_rx,
             died,
-        })
+        }
     }
 
     /// Takes over a paused VM of an earlier edge run: its directory holds the command line and
@@ -786,27 +811,7 @@ impl Vm {
         let (edge_r, edge_w) = edge_end.into_split();
         let intentional = Arc::new(AtomicBool::new(false));
         let relay = Relay::start(edge_r, edge_w, stream, Vec::new(), intentional.clone());
-        let (dead_tx, dead_rx) = watch::channel(false);
-        let dead_tx = Arc::new(dead_tx);
-        let died = Arc::new(Mutex::new(None));
-        let exited = spawn_waiter(child, intentional.clone(), dead_tx.clone(), died.clone());
-        let vm = Vm {
-            id: id.to_string(),
-            vm_dir: vm_dir.to_path_buf(),
-            launch,
-            aether,
-            phase: tokio::sync::Mutex::new(Phase::Running(Proc {
-                pid,
-                exited,
-                intentional,
-                relay,
-            })),
-            pid: AtomicI32::new(pid),
-            paused: AtomicBool::new(false),
-            dead_tx,
-            dead_rx,
-            died,
-        };
+        let vm = Vm::running(id, vm_dir, launch, aether, child, pid, intentional, relay);
         if let Err(e) = q.cont().await {
             let _ = vm.kill().await;
             return Err(format!("cont after restore: {e}"));
