@@ -15,12 +15,12 @@ from typing import (
     Mapping,
     Optional,
     Sequence,
+    TYPE_CHECKING,
     Union,
 )
 from urllib.parse import quote
 
-import httpx
-
+from . import _http
 from .functions import FunctionsMixin
 from .errors import (
     CommandTimeout,
@@ -52,6 +52,9 @@ HTTP_GRACE = 30.0
 UPLOAD_CHUNK = 1024 * 1024
 
 _UNSET: Any = object()
+
+if TYPE_CHECKING:  # pragma: no cover
+    import httpx
 
 PathLike = Union[str, "os.PathLike[str]"]
 
@@ -91,9 +94,8 @@ def parse_mode_header(value: Optional[str]) -> Optional[int]:
         return None
 
 
-def _http_timeout(command_timeout: Optional[float]) -> httpx.Timeout:
-    total = (command_timeout if command_timeout is not None else DEFAULT_COMMAND_TIMEOUT) + HTTP_GRACE
-    return httpx.Timeout(total, connect=10.0)
+def _http_timeout(command_timeout: Optional[float]) -> float:
+    return (command_timeout if command_timeout is not None else DEFAULT_COMMAND_TIMEOUT) + HTTP_GRACE
 
 
 class DSecClient(FunctionsMixin):
@@ -104,6 +106,11 @@ class DSecClient(FunctionsMixin):
     to plain API calls; command calls wait for the command's own timeout plus a grace period.
 
     Use ``await client.open()`` / ``await client.close()`` or ``async with DSecClient() as client``.
+
+    ``http://`` URLs go through the SDK's own keep-alive HTTP/1.1 client (:mod:`dsec._http`);
+    ``https://`` URLs, and any custom httpx ``transport``, go through ``httpx.AsyncClient``.
+    ``max_connections`` bounds the requests in flight (others wait), ``max_idle`` the idle
+    connections kept.
     """
 
     def __init__(
@@ -112,7 +119,9 @@ class DSecClient(FunctionsMixin):
         api_key: Optional[str] = None,
         timeout: float = 60.0,
         *,
-        transport: Optional[httpx.AsyncBaseTransport] = None,
+        transport: "Optional[httpx.AsyncBaseTransport]" = None,
+        max_connections: int = 1000,
+        max_idle: int = 100,
     ):
         file_values: Optional[Dict[str, str]] = None
         if api_url is None:
@@ -129,7 +138,9 @@ class DSecClient(FunctionsMixin):
         self.api_key = api_key
         self.timeout = timeout
         self._transport = transport
-        self._http: Optional[httpx.AsyncClient] = None
+        self.max_connections = max_connections
+        self.max_idle = max_idle
+        self._http: Any = None
 
     # -- connection ---------------------------------------------------------------------------
 
@@ -139,13 +150,16 @@ class DSecClient(FunctionsMixin):
             headers = {"user-agent": "dsec-python/0.1"}
             if self.api_key:
                 headers["authorization"] = f"Bearer {self.api_key}"
-            self._http = httpx.AsyncClient(
-                base_url=self.api_url,
-                headers=headers,
-                timeout=httpx.Timeout(self.timeout, connect=10.0),
-                transport=self._transport,
-                limits=httpx.Limits(max_connections=1000, max_keepalive_connections=100),
-            )
+            if self._transport is None and self.api_url.lower().startswith("http://"):
+                self._http = _http.Pool(
+                    self.api_url, headers, self.timeout, connect_timeout=10.0,
+                    max_connections=self.max_connections, max_idle=self.max_idle,
+                )
+            else:
+                self._http = _http.HttpxPool(
+                    self.api_url, headers, self.timeout, connect_timeout=10.0, transport=self._transport,
+                    max_connections=self.max_connections, max_idle=self.max_idle,
+                )
         return self
 
     async def close(self) -> None:
@@ -159,10 +173,9 @@ class DSecClient(FunctionsMixin):
     async def __aexit__(self, *exc: Any) -> None:
         await self.close()
 
-    async def _client(self) -> httpx.AsyncClient:
+    async def _client(self) -> Any:
         if self._http is None:
             await self.open()
-        assert self._http is not None
         return self._http
 
     async def _request(
@@ -174,39 +187,36 @@ class DSecClient(FunctionsMixin):
         params: Optional[Mapping[str, str]] = None,
         content: Any = None,
         headers: Optional[Mapping[str, str]] = None,
-        timeout: Any = _UNSET,
-    ) -> httpx.Response:
-        http = await self._client()
-        kwargs: Dict[str, Any] = {}
-        if json_body is not _UNSET:
-            kwargs["json"] = json_body
-        if content is not None:
-            kwargs["content"] = content
-        if params:
-            kwargs["params"] = params
-        if headers:
-            kwargs["headers"] = headers
-        if timeout is not _UNSET:
-            kwargs["timeout"] = timeout
+        timeout: Optional[float] = None,
+        retry: Optional[bool] = None,
+    ) -> _http.Response:
+        """One request; ``timeout`` (s, default the client's) bounds the whole exchange.
+        ``retry``: may the request be resent on a fresh connection if a pooled one turns out
+        dead before answering (default: only idempotent methods)."""
+        http = self._http if self._http is not None else await self._client()
         try:
-            resp = await http.request(method, path, **kwargs)
-        except httpx.TimeoutException as e:
+            resp = await http.request(
+                method, path, params=params, content=content,
+                json=_http.NOTHING if json_body is _UNSET else json_body,
+                headers=headers, timeout=timeout, retry=retry,
+            )
+        except _http.HTTPTimeout as e:
             raise TransportError(f"{method} {path}: timed out waiting for the API server ({e})") from e
-        except httpx.TransportError as e:
+        except _http.HTTPError as e:
             raise TransportError(f"{method} {path}: cannot reach the API server at {self.api_url}: {e}") from e
         if resp.status_code >= 400:
             raise error_from_body(resp.status_code, resp.content)
         return resp
 
     @staticmethod
-    def _json(resp: httpx.Response) -> Any:
+    def _json(resp: _http.Response) -> Any:
         try:
             return resp.json()
         except ValueError as e:
             raise DSecError(f"the API server sent invalid JSON ({e})", status=resp.status_code) from e
 
     async def _stream_lines(
-        self, path: str, body: Dict[str, Any], timeout: httpx.Timeout
+        self, path: str, body: Dict[str, Any], timeout: float
     ) -> AsyncIterator[Dict[str, Any]]:
         """POSTs ``body`` and yields the NDJSON objects of the answer."""
         http = await self._client()
@@ -224,9 +234,9 @@ class DSecClient(FunctionsMixin):
                         raise DSecError(f"bad stream line from the API server: {line[:200]!r} ({e})") from e
                     if isinstance(doc, dict):
                         yield doc
-        except httpx.TimeoutException as e:
+        except _http.HTTPTimeout as e:
             raise TransportError(f"POST {path}: timed out waiting for the API server ({e})") from e
-        except httpx.TransportError as e:
+        except _http.HTTPError as e:
             raise TransportError(f"POST {path}: connection to the API server failed: {e}") from e
 
     # -- sandboxes ----------------------------------------------------------------------------
@@ -239,8 +249,9 @@ class DSecClient(FunctionsMixin):
         if "container_image" in body and "image" not in body:
             body["image"] = body.pop("container_image")
         deadline = time.monotonic() + timeout
+        # A create carrying an idempotency key may be resent; one without never is.
         resp = await self._request(
-            "POST", "/v1/sandboxes", json_body=body, timeout=httpx.Timeout(timeout, connect=10.0)
+            "POST", "/v1/sandboxes", json_body=body, timeout=timeout, retry=bool(body.get("idempotency_key"))
         )
         info = SandboxInfo.from_json(self._json(resp))
         while info.state == "creating":
@@ -314,7 +325,7 @@ class DSecClient(FunctionsMixin):
             "POST",
             f"/v1/jobs/{op}",
             json_body={"labels": dict(labels)},
-            timeout=httpx.Timeout(timeout, connect=10.0),
+            timeout=timeout,
         )
         return JobOpResult.from_json(self._json(resp))
 
@@ -350,13 +361,13 @@ class DSecClient(FunctionsMixin):
             content: Any = bytes(tar)
         else:
             content = _file_chunks(os.fspath(tar))
-        query = f"?format={format}" if format else ""
         resp = await self._request(
             "PUT",
-            f"/v1/images/{_seg(name)}{query}",
+            f"/v1/images/{_seg(name)}",
+            params={"format": format} if format else None,
             content=content,
             headers={"content-type": "application/x-tar"},
-            timeout=httpx.Timeout(timeout, connect=10.0),
+            timeout=timeout,
         )
         return ImageInfo.from_json(self._json(resp))
 
@@ -377,7 +388,7 @@ class DSecClient(FunctionsMixin):
         if password is not None:
             body["password"] = password
         resp = await self._request(
-            "POST", f"/v1/images/{_seg(name)}", json_body=body, timeout=httpx.Timeout(timeout, connect=10.0)
+            "POST", f"/v1/images/{_seg(name)}", json_body=body, timeout=timeout
         )
         return ImageInfo.from_json(self._json(resp))
 
@@ -393,7 +404,7 @@ class DSecClient(FunctionsMixin):
         if into is not None:
             body["into"] = into
         resp = await self._request(
-            "POST", f"/v1/images/{_seg(name)}", json_body=body, timeout=httpx.Timeout(timeout, connect=10.0)
+            "POST", f"/v1/images/{_seg(name)}", json_body=body, timeout=timeout
         )
         return ImageInfo.from_json(self._json(resp))
 
@@ -567,7 +578,7 @@ class Sandbox:
             params["until"] = repr(float(until))
         if path is not None:
             params["path"] = path
-        resp = await self._client._request("GET", self._path("/trajectory"), params=params, timeout=httpx.Timeout(600.0, connect=10.0))
+        resp = await self._client._request("GET", self._path("/trajectory"), params=params, timeout=600.0)
         out = []
         for line in resp.text.splitlines():
             if line.strip():
@@ -643,7 +654,7 @@ class Sandbox:
             "POST",
             self._path("/pack_diff"),
             json_body={"name": name, "exclude": list(exclude or [])},
-            timeout=httpx.Timeout(timeout, connect=10.0),
+            timeout=timeout,
         )
         return ImageInfo.from_json(self._client._json(resp))
 
@@ -824,7 +835,7 @@ class Sandbox:
             params={"path": remote_path, "mode": _mode_text(mode)},
             content=_file_chunks(local),
             headers={"content-type": "application/octet-stream"},
-            timeout=httpx.Timeout(timeout, connect=10.0),
+            timeout=timeout,
         )
         return FileInfo.from_json(self._client._json(resp))
 
@@ -835,9 +846,7 @@ class Sandbox:
         path = self._path("/files")
         written = 0
         try:
-            async with http.stream(
-                "GET", path, params={"path": remote_path}, timeout=httpx.Timeout(timeout, connect=10.0)
-            ) as resp:
+            async with http.stream("GET", path, params={"path": remote_path}, timeout=timeout) as resp:
                 if resp.status_code >= 400:
                     raise error_from_body(resp.status_code, await resp.aread())
                 mode = parse_mode_header(resp.headers.get("x-dsec-mode"))
@@ -856,9 +865,9 @@ class Sandbox:
                     except OSError:
                         pass
                     raise
-        except httpx.TimeoutException as e:
+        except _http.HTTPTimeout as e:
             raise TransportError(f"GET {path}: timed out ({e})") from e
-        except httpx.TransportError as e:
+        except _http.HTTPError as e:
             raise TransportError(f"GET {path}: connection to the API server failed: {e}") from e
         return written
 

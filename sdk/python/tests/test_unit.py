@@ -1,4 +1,9 @@
-"""Unit tests of the SDK without a server: JSON mapping and error mapping via httpx.MockTransport."""
+"""Unit tests of the SDK without a dsec server: JSON mapping, error mapping, files, streams.
+
+Every test runs against ``tests/httpserver.py`` (an in-process HTTP/1.1 server, so the SDK's own
+HTTP client in ``dsec/_http.py`` is what is tested) with answers framed by content-length,
+chunked transfer encoding and end-of-connection, and once more through ``httpx.MockTransport``
+(the ``transport=`` path, which uses httpx)."""
 
 from __future__ import annotations
 
@@ -10,6 +15,8 @@ import stat
 
 import httpx
 import pytest
+
+from httpserver import TestServer
 
 import dsec
 from dsec import (
@@ -72,8 +79,35 @@ def result_json(**over):
     return doc
 
 
+FRAMINGS = ["length", "chunked", "eof", "httpx-mock"]
+_framing = {"value": "length"}
+_servers = []
+
+
+@pytest.fixture(autouse=True, params=FRAMINGS)
+def framing(request):
+    """Runs each test once per answer framing of the test server (and once through httpx)."""
+    _framing["value"] = request.param
+    yield request.param
+    while _servers:
+        _servers.pop().stop()
+
+
+def serve(route, **kw):
+    server = TestServer(route, **kw)
+    _servers.append(server)
+    return server
+
+
+def transport_kwargs(handler):
+    """``api_url``/``transport`` arguments of a client answered by ``handler``."""
+    if _framing["value"] == "httpx-mock":
+        return {"api_url": "http://api.example.test:7480", "transport": httpx.MockTransport(handler)}
+    return {"api_url": serve(handler, framing=_framing["value"]).url}
+
+
 class Recorder:
-    """A MockTransport handler that records requests and answers from a routing function."""
+    """A route handler that records requests and answers from a routing function."""
 
     def __init__(self, route):
         self.route = route
@@ -87,7 +121,7 @@ class Recorder:
 
 def make_client(route, **kw):
     rec = Recorder(route)
-    client = DSecClient(api_url="http://api.example.test:7480", api_key="dsk_test", transport=httpx.MockTransport(rec), **kw)
+    client = DSecClient(api_key="dsk_test", **transport_kwargs(rec), **kw)
     return client, rec
 
 
@@ -288,17 +322,30 @@ def test_error_mapping_falls_back_to_status_for_non_json():
     assert type(err) is DSecError and err.status == 502
 
 
-def test_transport_error_is_node_unavailable():
-    def route(req, body):
+def test_transport_error_is_node_unavailable(framing):
+    def route(req):
         raise httpx.ConnectError("connection refused", request=req)
 
     async def main():
-        client, _ = make_client(route)
+        if framing == "httpx-mock":
+            client = DSecClient(api_url="http://api.example.test", api_key="k", transport=httpx.MockTransport(route))
+        else:
+            client = DSecClient(api_url=f"http://127.0.0.1:{closed_port()}", api_key="k")
         async with client:
             await client.list_sandboxes()
 
     with pytest.raises(NodeUnavailable, match="cannot reach"):
         run(main())
+
+
+def closed_port():
+    import socket
+
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+    s.close()
+    return port
 
 
 def test_timeout_result_and_raise_on_timeout():
@@ -489,7 +536,7 @@ def test_sync_client_mirrors_async():
             return httpx.Response(200, json={"sandboxes": [info_json()]})
         return httpx.Response(404, json={"error": {"code": "sandbox_not_found", "message": "no"}})
 
-    with dsec.sync.DSecClient(api_url="http://api.example.test", api_key="k", transport=httpx.MockTransport(Recorder(route))) as client:
+    with dsec.sync.DSecClient(api_key="k", **transport_kwargs(Recorder(route))) as client:
         with client.run_container(DSecContainerRunArgs(container_image="debian")) as sb:
             assert sb.run_shell("echo hello world").stdout == "hello world\n"
             assert [e.type for e in sb.stream_shell("x")] == ["stdout", "exit"]
