@@ -29,6 +29,32 @@ impl Accel {
     }
 }
 
+/// The size of TCG's translation cache in MiB unless `DSEC_MICROVM_TCG_TB_MB` says otherwise
+/// (`0`: QEMU's own default). QEMU 7.2 reserves 1 GiB by default and fills it before it
+/// flushes, so each guest's cache only grows (≈ 100 MB resident after a boot and a Python
+/// task, anonymous and private to the VM). A smaller cache is flushed and refilled more often
+/// — code that runs again is translated again — which costs CPU time, not memory.
+/// Only TCG has one (KVM runs guest code natively).
+pub const DEFAULT_TCG_TB_MB: u64 = 64;
+
+/// The translation cache size to ask QEMU for (None: QEMU's default), from the value of
+/// `DSEC_MICROVM_TCG_TB_MB` (unset or not a number: [`DEFAULT_TCG_TB_MB`]).
+pub fn tcg_tb_mb_from(env: Option<&str>) -> Option<u64> {
+    match env.map(|s| s.trim().parse::<u64>()) {
+        Some(Ok(0)) => None,
+        Some(Ok(n)) => Some(n),
+        Some(Err(_)) | None => Some(DEFAULT_TCG_TB_MB),
+    }
+}
+
+/// The `-accel` option value: the accelerator and, under TCG, its translation cache size.
+fn accel_option(accel: Accel, tb_mb: Option<u64>) -> String {
+    match (accel, tb_mb) {
+        (Accel::Tcg, Some(n)) => format!("tcg,tb-size={n}"),
+        _ => accel.as_str().to_string(),
+    }
+}
+
 /// A path as a QEMU option value: a literal `,` is written twice (`,` separates options).
 /// Shared by the microVM and full-VM command lines.
 pub(crate) fn esc(p: &Path) -> String {
@@ -236,11 +262,15 @@ pub fn command_line(a: &QemuArgs<'_>) -> Vec<String> {
         )
     };
     let smp = a.vcpus.max(1).to_string();
+    let accel = accel_option(
+        a.accel,
+        tcg_tb_mb_from(std::env::var("DSEC_MICROVM_TCG_TB_MB").ok().as_deref()),
+    );
     push(&[
         "-M",
         machine,
         "-accel",
-        a.accel.as_str(),
+        &accel,
         "-m",
         &mem,
         "-smp",
@@ -449,7 +479,8 @@ mod tests {
             tsc_khz: Some(2_596_120),
         })
         .join(" ");
-        assert!(s.starts_with("-M microvm -accel tcg -m 256M -smp 1"), "{s}");
+        assert!(s.starts_with("-M microvm -accel tcg"), "{s}");
+        assert!(s.contains(" -m 256M -smp 1 "), "{s}");
         assert!(!s.contains("pmem"), "{s}");
         assert!(!s.contains("-pci"), "{s}");
         assert!(s.contains("virtio-blk-device,drive=m0,serial=dsec-m0"));
@@ -496,7 +527,7 @@ mod tests {
             tsc_khz: Some(2_596_120),
         });
         let s = v.join(" ");
-        assert!(s.contains("-accel tcg -m 256M -smp 2"));
+        assert!(s.contains(" -m 256M -smp 2 "), "{s}");
         assert!(s.contains("dsec.nlayers=2"));
         assert!(s.contains("id=m0,file=/l/a.erofs,format=raw,if=none,readonly=on"));
         assert!(s.contains("virtio-blk-pci,drive=b0,serial=dsec-b0"));
@@ -509,6 +540,18 @@ mod tests {
         assert!(s.contains(" dsec.balloon=1"));
         // Only microvm needs the TSC frequency (pc has HPET and the ACPI PM timer).
         assert!(!s.contains("tsc_early_khz"));
+    }
+
+    #[test]
+    fn tcg_translation_cache_is_bounded() {
+        assert_eq!(tcg_tb_mb_from(None), Some(DEFAULT_TCG_TB_MB));
+        assert_eq!(tcg_tb_mb_from(Some("32")), Some(32));
+        assert_eq!(tcg_tb_mb_from(Some("0")), None);
+        assert_eq!(tcg_tb_mb_from(Some("lots")), Some(DEFAULT_TCG_TB_MB));
+        assert_eq!(accel_option(Accel::Tcg, Some(64)), "tcg,tb-size=64");
+        assert_eq!(accel_option(Accel::Tcg, None), "tcg");
+        // KVM has no translation cache: the size is never passed.
+        assert_eq!(accel_option(Accel::Kvm, Some(64)), "kvm");
     }
 
     #[test]
