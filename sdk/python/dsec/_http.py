@@ -36,6 +36,8 @@ from __future__ import annotations
 import asyncio
 import collections
 import json as _jsonlib
+import os
+import socket
 import sys
 from typing import Any, AsyncIterator, Deque, Dict, List, Mapping, Optional, Set, Tuple
 from urllib.parse import urlencode, urlsplit
@@ -159,6 +161,8 @@ class _Conn(asyncio.Protocol):
         return False  # close our side too
 
     def connection_lost(self, exc: Optional[BaseException]) -> None:
+        if exc is not None and not self.eof:
+            self._salvage()
         self.eof = True
         if exc is not None and self.exc is None:
             self.exc = exc
@@ -168,6 +172,29 @@ class _Conn(asyncio.Protocol):
             w.set_result(None)
         if not self._closed.done():
             self._closed.set_result(None)
+
+    def _salvage(self) -> None:
+        """A failed send (the server reset the connection after answering early, e.g. 413 to an
+        upload) makes asyncio stop reading, though the answer may still sit in the kernel's
+        receive queue: read what is there (the socket is still open during connection_lost)."""
+        try:
+            sock = self.transport.get_extra_info("socket")
+            if sock is None:
+                return
+            fd = os.dup(sock.fileno())
+        except (OSError, ValueError):
+            return
+        dup = socket.socket(fileno=fd)
+        try:
+            while len(self.buf) < READ_LIMIT:
+                data = dup.recv(65536, socket.MSG_DONTWAIT)
+                if not data:
+                    break
+                self.buf += data
+        except OSError:
+            pass
+        finally:
+            dup.close()
 
     def pause_writing(self) -> None:
         self._write_paused = True
@@ -593,7 +620,9 @@ class Pool:
                 extra += f"{k}: {v}\r\n"
         return f"{method} {target} HTTP/1.1\r\n{self._static}{extra}{framing}\r\n".encode("latin-1")
 
-    async def _send(self, conn: _Conn, head: bytes, content: Any) -> None:
+    async def _send(self, conn: _Conn, head: bytes, content: Any) -> bool:
+        """Writes the request; ``False`` if the server answered (or closed) before the body was
+        all sent, which stops the upload (the answer is then read, the connection not reused)."""
         writer = conn
         if content is None:
             writer.write(head)
@@ -610,8 +639,12 @@ class Pool:
                 if chunk:
                     writer.write(b"%x\r\n%s\r\n" % (len(chunk), chunk))
                     await writer.drain()
+                    await asyncio.sleep(0)  # let an early answer (413, 404, ...) be read
+                    if conn.buf or conn.eof:
+                        return False
             writer.write(b"0\r\n\r\n")
             await writer.drain()
+        return True
 
     async def _answer_head(self, conn: _Conn) -> Tuple[int, Headers, bool]:
         reader = conn
@@ -637,7 +670,9 @@ class Pool:
         """Sends the request and reads the answer head. A failure while sending the body still
         tries to read an early answer (a 413 sent before the body was read, say)."""
         try:
-            await self._send(conn, head, content)
+            if not await self._send(conn, head, content):
+                status, headers, _ = await self._answer_head(conn)
+                return status, headers, False
         except OSError as send_error:
             try:
                 status, headers, _ = await self._answer_head(conn)

@@ -417,6 +417,20 @@ class DSecClient(FunctionsMixin):
         return [d for d in doc.get("nodes", []) if isinstance(d, dict)]
 
 
+class _aclosing:
+    """``contextlib.aclosing`` (Python ≥ 3.10): closes an async generator on exit, so leaving a
+    stream loop early closes the HTTP connection at once (not when the generator is collected)."""
+
+    def __init__(self, agen: Any):
+        self.agen = agen
+
+    async def __aenter__(self) -> Any:
+        return self.agen
+
+    async def __aexit__(self, *exc: Any) -> None:
+        await self.agen.aclose()
+
+
 async def _file_chunks(path: str) -> AsyncIterator[bytes]:
     with open(path, "rb") as f:
         while True:
@@ -743,8 +757,9 @@ class Sandbox:
         closes the connection, which cancels the command."""
         body = _shell_body(cmd, session, timeout, env, cwd, stdin, max_output_bytes, step)
         body["stream"] = True
-        async for event in self._events(self._path("/shell"), body, timeout):
-            yield event
+        async with _aclosing(self._events(self._path("/shell"), body, timeout)) as events:
+            async for event in events:
+                yield event
 
     async def stream_exec(
         self,
@@ -761,19 +776,21 @@ class Sandbox:
         """Like :meth:`exec`, streaming :class:`StreamEvent`s."""
         body = _exec_body(argv, timeout, env, cwd, stdin, user, max_output_bytes, step)
         body["stream"] = True
-        async for event in self._events(self._path("/exec"), body, timeout):
-            yield event
+        async with _aclosing(self._events(self._path("/exec"), body, timeout)) as events:
+            async for event in events:
+                yield event
 
     async def _events(self, path: str, body: Dict[str, Any], timeout: Optional[float]) -> AsyncIterator[StreamEvent]:
         saw_exit = False
-        async for doc in self._client._stream_lines(path, body, _http_timeout(timeout)):
-            if doc.get("type") == "error":
-                err = doc.get("error") if isinstance(doc.get("error"), dict) else {}
-                raise error_from_parts(None, err.get("code"), str(err.get("message") or "command failed"))
-            event = StreamEvent.from_json(doc)
-            if event.type == "exit":
-                saw_exit = True
-            yield event
+        async with _aclosing(self._client._stream_lines(path, body, _http_timeout(timeout))) as docs:
+            async for doc in docs:
+                if doc.get("type") == "error":
+                    err = doc.get("error") if isinstance(doc.get("error"), dict) else {}
+                    raise error_from_parts(None, err.get("code"), str(err.get("message") or "command failed"))
+                event = StreamEvent.from_json(doc)
+                if event.type == "exit":
+                    saw_exit = True
+                yield event
         if not saw_exit:
             raise TransportError("the command stream ended without an exit event")
 
