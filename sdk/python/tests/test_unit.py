@@ -122,11 +122,24 @@ class Recorder:
 def make_client(route, **kw):
     rec = Recorder(route)
     client = DSecClient(api_key="dsk_test", **transport_kwargs(rec), **kw)
+    _clients.append(client)
     return client, rec
 
 
+_clients = []
+
+
 def run(coro):
-    return asyncio.run(coro)
+    """Runs a test coroutine, then closes the clients it made (tests need not close them)."""
+
+    async def wrapper():
+        try:
+            return await coro
+        finally:
+            while _clients:
+                await _clients.pop().close()
+
+    return asyncio.run(wrapper())
 
 
 def test_run_args_json_omits_none_and_renames_image():
