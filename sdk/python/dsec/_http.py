@@ -306,7 +306,10 @@ class _Conn(asyncio.Protocol):
 
     def close(self) -> None:
         if self.transport is not None:
-            self.transport.close()
+            try:
+                self.transport.close()
+            except RuntimeError:  # its event loop is closed already: nothing can be done
+                pass
 
     async def wait_closed(self) -> None:
         await self._closed
@@ -529,6 +532,7 @@ class Pool:
         self._active = 0
         self._waiters: Deque["asyncio.Future[None]"] = collections.deque()
         self._closed = False
+        self._loop: Optional[asyncio.AbstractEventLoop] = None
         #: Connections opened so far (for tests and diagnostics).
         self.connections_opened = 0
 
@@ -583,13 +587,26 @@ class Pool:
         idle = self._idle
         if not idle:
             return None
-        now = asyncio.get_running_loop().time()
+        loop = asyncio.get_running_loop()
+        if loop is not self._loop:
+            # used from another event loop than the one the connections belong to (e.g. a
+            # second asyncio.run): those connections cannot be used here
+            self._abandon(idle)
+            self._loop = loop
+            return None
+        now = loop.time()
         while idle:
             conn = idle.pop()
             if conn.reusable() and now - conn.idle_since < self.idle_expiry:
                 return conn
             self._discard(conn)
         return None
+
+    def _abandon(self, conns: List[_Conn]) -> None:
+        for conn in conns:
+            self._all.discard(conn)
+            conn.close()
+        conns.clear()
 
     def _discard(self, conn: _Conn) -> None:
         self._all.discard(conn)
@@ -599,7 +616,11 @@ class Pool:
         if self._closed or len(self._idle) >= self.max_idle or not conn.reusable():
             self._discard(conn)
             return
-        conn.idle_since = asyncio.get_running_loop().time()
+        loop = asyncio.get_running_loop()
+        if loop is not self._loop:
+            self._abandon(self._idle)
+            self._loop = loop
+        conn.idle_since = loop.time()
         self._idle.append(conn)
 
     # -- requests -------------------------------------------------------------------------------
@@ -809,7 +830,8 @@ class Pool:
         self._idle.clear()
         for conn in conns:
             conn.close()
-        waits = [c.wait_closed() for c in conns]
+        loop = asyncio.get_running_loop()
+        waits = [c.wait_closed() for c in conns if c._loop is loop]
         if waits:
             try:
                 await _within(asyncio.gather(*waits, return_exceptions=True), 5.0)

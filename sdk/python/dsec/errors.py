@@ -25,6 +25,8 @@ class DSecError(Exception):
         self.message = message
         self.status = status
         self.code = code
+        #: Seconds the server asks to wait before retrying (a full function queue's 429), or ``None``.
+        self.retry_after_s: Optional[float] = None
 
     def __str__(self) -> str:
         parts = []
@@ -175,4 +177,7 @@ def error_from_body(status: Optional[int], body: bytes) -> DSecError:
     if not message:
         text = body.decode("utf-8", errors="replace").strip() if body else ""
         message = text[:2000] if text else f"HTTP {status}"
-    return error_from_parts(status, code, message)
+    err = error_from_parts(status, code, message)
+    if isinstance(doc, dict) and isinstance(doc.get("retry_after_s"), (int, float)):
+        err.retry_after_s = float(doc["retry_after_s"])
+    return err

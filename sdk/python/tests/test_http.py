@@ -334,3 +334,30 @@ def test_headers_case_insensitive_and_bad_answers():
         _http._parse_head(b"SSH-2.0-OpenSSH\r\n")
     with pytest.raises(ValueError):
         _http.Pool("http://h", {"x-evil": "a\r\nb: c"}, 1.0)
+
+
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")
+def test_client_reused_across_event_loops(servers):
+    """Misuse that must still work: the first asyncio.run leaves an idle connection behind on a
+    loop that is then closed (asyncio cannot close it any more: the warning is expected)."""
+    srv = servers(ok)
+    c = DSecClient(srv.url, "k")
+    run(c.get_sandbox(SB))
+    assert run(c.get_sandbox(SB)).id == SB
+    run(c.close())
+    assert srv.connections == 2
+    gc.collect()
+
+
+def test_retry_after_from_429(servers):
+    srv = servers(lambda req: httpx.Response(
+        429, json={"error": {"code": "quota_exceeded", "message": "queue full"}, "retry_after_s": 3},
+        headers={"retry-after": "3"}))
+
+    async def main():
+        async with DSecClient(srv.url, "k") as c:
+            await c.call_function("python", "print(1)")
+
+    with pytest.raises(dsec.QuotaExceeded) as info:
+        run(main())
+    assert info.value.retry_after_s == 3.0
