@@ -74,6 +74,14 @@ class HTTPTimeout(HTTPError):
     """The connect timeout or the request's deadline passed."""
 
 
+class _BodyError(Exception):
+    """The request body's async iterator raised ``error`` (re-raised as is to the caller)."""
+
+    def __init__(self, error: Exception):
+        super().__init__(str(error))
+        self.error = error
+
+
 class _NoAnswer(HTTPError):
     """The connection ended before any byte of the answer arrived (maybe safe to resend)."""
 
@@ -656,7 +664,14 @@ class Pool:
                 await writer.drain()
         else:
             writer.write(head)
-            async for chunk in content:
+            chunks = content.__aiter__()
+            while True:
+                try:
+                    chunk = await chunks.__anext__()
+                except StopAsyncIteration:
+                    break
+                except Exception as e:  # the body's own error (a local file), not the wire's
+                    raise _BodyError(e) from e
                 if chunk:
                     writer.write(b"%x\r\n%s\r\n" % (len(chunk), chunk))
                     await writer.drain()
@@ -697,7 +712,7 @@ class Pool:
         except OSError as send_error:
             try:
                 status, headers, _ = await self._answer_head(conn)
-            except HTTPError:
+            except _NoAnswer:
                 raise _NoAnswer(f"connection to the server broke while sending: {send_error!r}") from None
             return status, headers, False
         return await self._answer_head(conn)
@@ -747,6 +762,9 @@ class Pool:
                 if not (reused and may_resend):
                     raise HTTPError(str(e)) from None
                 conn, reused = None, False  # once, on a fresh connection
+            except _BodyError as e:
+                self._discard(conn)
+                raise e.error from e.error.__cause__
             except BaseException:
                 self._discard(conn)
                 raise
@@ -769,13 +787,15 @@ class Pool:
         if self._closed:
             raise HTTPError("the client is closed")
         total = self.timeout if timeout is None else timeout
-        await self._take_slot()
         try:
-            return await _within(
-                self._request(method, path, params, content, json, headers, retry), total
-            )
+            return await _within(self._slotted(method, path, params, content, json, headers, retry), total)
         except asyncio.TimeoutError:
             raise HTTPTimeout(f"no complete answer within {total:g} s") from None
+
+    async def _slotted(self, *args: Any) -> Response:
+        await self._take_slot()  # waiting for a slot counts against the request's timeout
+        try:
+            return await self._request(*args)
         finally:
             self._give_slot()
 
@@ -857,19 +877,28 @@ class _StreamContext:
         pool = self.pool
         if pool._closed:
             raise HTTPError("the client is closed")
-        await pool._take_slot()
         try:
-            conn, status, headers, keep = await _within(pool._open_exchange(*self.args), self.timeout)
-            body = _Body(conn, self.args[0], status, headers)
+            conn, status, headers, keep, body = await _within(self._enter(), self.timeout)
         except asyncio.TimeoutError:
-            pool._give_slot()
             raise HTTPTimeout(f"no answer within {self.timeout:g} s") from None
-        except BaseException:
-            pool._give_slot()
-            raise
         self.conn, self.keep = conn, keep and body.mode != "eof"
         self.resp = StreamResponse(status, headers, body, self.timeout)
         return self.resp
+
+    async def _enter(self) -> Tuple[_Conn, int, Headers, bool, _Body]:
+        pool = self.pool
+        await pool._take_slot()
+        try:
+            conn, status, headers, keep = await pool._open_exchange(*self.args)
+        except BaseException:
+            pool._give_slot()
+            raise
+        try:
+            return conn, status, headers, keep, _Body(conn, self.args[0], status, headers)
+        except BaseException:
+            pool._discard(conn)
+            pool._give_slot()
+            raise
 
     async def __aexit__(self, *exc: Any) -> None:
         conn, self.conn = self.conn, None

@@ -361,3 +361,33 @@ def test_retry_after_from_429(servers):
     with pytest.raises(dsec.QuotaExceeded) as info:
         run(main())
     assert info.value.retry_after_s == 3.0
+
+
+def test_upload_source_error_is_raised_as_is(servers, tmp_path):
+    srv = servers(ok)
+
+    async def chunks():
+        yield b"abc"
+        raise PermissionError("cannot read the local file")
+
+    async def main():
+        async with DSecClient(srv.url, "k") as c:
+            with pytest.raises(PermissionError, match="local file"):
+                await c._request("PUT", "/v1/x", content=chunks())
+            assert c._http.open_connections == 0
+            assert (await c.get_sandbox(SB)).id == SB
+
+    run(main())
+
+
+def test_waiting_for_a_slot_counts_against_the_timeout(servers):
+    srv = servers(lambda req: Stall(3.0))
+
+    async def main():
+        async with DSecClient(srv.url, "k", timeout=0.5, max_connections=1) as c:
+            t0 = time.monotonic()
+            res = await asyncio.gather(c.get_sandbox(SB), c.get_sandbox(SB), return_exceptions=True)
+            assert all(isinstance(r, dsec.TransportError) for r in res), res
+            assert time.monotonic() - t0 < 2.0
+
+    run(main())
