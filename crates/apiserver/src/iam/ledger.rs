@@ -27,7 +27,8 @@ use super::{cpu_milli, IamError};
 const MAX_BATCH: usize = 1024;
 
 /// How long a busy ledger waits for more operations before committing a batch (group
-/// commit): adds at most this much to a create's latency under load, none when idle.
+/// commit): adds at most this much to a create's latency under load, none when idle or when
+/// operations arrive one at a time (a single client's create → stop → create sequence).
 const LINGER: Duration = Duration::from_millis(1);
 
 /// A create to admit.
@@ -185,14 +186,22 @@ fn writer(mut conn: Conn, target: &crate::store::Target, rx: mpsc::Receiver<Op>)
     // Projects are never re-parented or deleted, so a project's ancestor chain can be kept.
     let mut chains: HashMap<String, Vec<String>> = HashMap::new();
     let mut lost = false;
-    // When the previous batch committed less than LINGER ago, the ledger is busy: wait LINGER
-    // for more operations before opening the transaction, so one commit (the WAL append, the
-    // lock, the page writes) serves many creates and deletes. An idle ledger commits at once.
+    // When the previous batch held several operations and committed less than LINGER ago,
+    // the ledger is busy: wait LINGER for more operations before opening the transaction, so
+    // one commit (the WAL append, the lock, the page writes) serves many creates and deletes.
+    // An idle ledger commits at once, and so does one that sees single operations: a lone
+    // client's reserve, bind and release arrive a few hundred microseconds apart, and waiting
+    // would only delay its next create (the queue still batches whatever piles up during a
+    // commit).
     let mut last_commit: Option<Instant> = None;
+    let mut last_len = 0usize;
     while let Ok(first) = rx.recv() {
         let mut batch = vec![first];
         drain(&rx, &mut batch);
-        if batch.len() < MAX_BATCH && last_commit.is_some_and(|t| t.elapsed() < LINGER) {
+        if batch.len() < MAX_BATCH
+            && last_len > 1
+            && last_commit.is_some_and(|t| t.elapsed() < LINGER)
+        {
             std::thread::sleep(LINGER);
             drain(&rx, &mut batch);
         }
@@ -224,6 +233,7 @@ fn writer(mut conn: Conn, target: &crate::store::Target, rx: mpsc::Receiver<Op>)
             }
         };
         last_commit = Some(Instant::now());
+        last_len = batch.len();
         match result {
             Ok(answers) => {
                 for (op, a) in batch.into_iter().zip(answers) {
