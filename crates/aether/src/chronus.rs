@@ -328,7 +328,7 @@ pub fn run(srv: &Server, id: u64, a: RunArgs, body: Vec<u8>) {
         }
     };
     let cmd_file = srv.run_dir.join(format!("c.{nonce}"));
-    let in_file = srv.run_dir.join(format!("i.{nonce}"));
+    let mut in_file = PathBuf::new();
     let mut files = CallFiles(Vec::new());
     let mut cmd = a.cmd.clone().into_bytes();
     cmd.push(b'\n');
@@ -342,6 +342,17 @@ pub fn run(srv: &Server, id: u64, a: RunArgs, body: Vec<u8>) {
     }
     files.0.push(cmd_file.clone());
     if !body.is_empty() {
+        in_file = match srv.input_dir() {
+            Ok(d) => d.join(format!("i.{nonce}")),
+            Err(e) => {
+                srv.w.error(
+                    id,
+                    AetherErrorKind::Internal,
+                    format!("create the dir for stdin files: {e}"),
+                );
+                return;
+            }
+        };
         if let Err(e) = write_call_file(srv, &in_file, &body) {
             srv.w.error(
                 id,

@@ -128,26 +128,39 @@ pub fn exit(code: i32) -> ! {
     std::process::exit(code)
 }
 
-/// Creates the dir for per-call files: 0711 so that the sandbox user can open its own files
-/// there by name but cannot list it.
-fn make_run_dir(bare: bool) -> std::io::Result<PathBuf> {
+/// Where a container's per-call command files go: a dir in the sandbox's /dev, the tmpfs aether
+/// mounted itself. Every `run_shell` writes and removes one file there; on the overlay's upper
+/// dir each was an inode allocated and freed on the host's disk (and the dir itself a copy-up
+/// of /run plus a mkdir before the default shell could start).
+const CONTAINER_CMD_DIR: &str = "/dev/.dsec-aether";
+/// Where a container's per-call stdin files go (they may be large: on disk, not in /dev's
+/// 64 MiB tmpfs); made on the first call that has stdin.
+const CONTAINER_INPUT_DIR: &str = "/run/dsec-aether";
+
+/// Creates (or takes over) a dir for per-call files: 0711 so that the sandbox user can open
+/// its own files there by name but cannot list it.
+pub fn make_call_dir(dir: &std::path::Path, may_exist: bool) -> std::io::Result<()> {
     use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
-    let dir = if bare {
-        let n = sys::nonce()?;
-        std::env::temp_dir().join(format!("dsec-aether.{}.{}", sys::getpid(), &n[..8]))
-    } else {
-        PathBuf::from("/run/dsec-aether")
-    };
-    if !bare {
-        let _ = std::fs::create_dir_all("/run");
-    }
-    match std::fs::DirBuilder::new().mode(0o711).create(&dir) {
+    match std::fs::DirBuilder::new().mode(0o711).create(dir) {
         Ok(()) => {}
-        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists && !bare => {}
+        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists && may_exist => {}
         Err(e) => return Err(e),
     }
-    std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o711))?;
-    Ok(dir)
+    std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o711))
+}
+
+/// The dirs for per-call files: (command files, stdin files). In bare mode both are one fresh
+/// temp dir; in a container the command dir is made now and the stdin dir when first needed.
+fn make_run_dirs(bare: bool) -> std::io::Result<(PathBuf, PathBuf)> {
+    if bare {
+        let n = sys::nonce()?;
+        let dir = std::env::temp_dir().join(format!("dsec-aether.{}.{}", sys::getpid(), &n[..8]));
+        make_call_dir(&dir, false)?;
+        return Ok((dir.clone(), dir));
+    }
+    let cmd = PathBuf::from(CONTAINER_CMD_DIR);
+    make_call_dir(&cmd, true)?;
+    Ok((cmd, PathBuf::from(CONTAINER_INPUT_DIR)))
 }
 
 fn main() {
@@ -209,7 +222,7 @@ fn main() {
             Err(code) => exit(code),
         },
     };
-    let run_dir = match make_run_dir(args.mode == Mode::Bare) {
+    let (run_dir, input_dir) = match make_run_dirs(args.mode == Mode::Bare) {
         Ok(d) => d,
         Err(e) => {
             eprintln!("dsec-aether: create run dir: {e}");
@@ -229,6 +242,7 @@ fn main() {
         user,
         env,
         run_dir.clone(),
+        input_dir,
         args.mode == Mode::Container,
     ));
     let bare_dir = (args.mode == Mode::Bare).then_some(run_dir);

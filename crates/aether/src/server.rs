@@ -153,8 +153,12 @@ pub struct Server {
     /// `setup.env`: given to every command.
     pub base_env: BTreeMap<String, String>,
     pub hostname: Mutex<String>,
-    /// Root-only (0711) dir for per-call files.
+    /// Root-only (0711) dir for per-call command files (exists from the start).
     pub run_dir: PathBuf,
+    /// Root-only (0711) dir for per-call stdin files, made on first use (see
+    /// [`Server::input_dir`]); the same as `run_dir` in bare mode.
+    input_dir: PathBuf,
+    input_dir_made: Mutex<bool>,
     /// PID 1 of a container's pid namespace (kill(-1) kills the sandbox).
     pub pid1: bool,
     pub sessions: Mutex<HashMap<String, Arc<chronus::Session>>>,
@@ -172,6 +176,7 @@ impl Server {
         user: User,
         base_env: BTreeMap<String, String>,
         run_dir: PathBuf,
+        input_dir: PathBuf,
         pid1: bool,
     ) -> Self {
         // Commands join the user cgroup the runtime passed (container mode only: in bare mode
@@ -185,7 +190,9 @@ impl Server {
             user,
             base_env,
             hostname: Mutex::new(sys::hostname()),
+            input_dir_made: Mutex::new(input_dir == run_dir),
             run_dir,
+            input_dir,
             pid1,
             sessions: Mutex::new(HashMap::new()),
             cancels: Mutex::new(HashMap::new()),
@@ -259,6 +266,19 @@ impl Server {
     /// uid/gid new files are given to (None when we cannot chown).
     pub fn owner(&self) -> Option<(u32, u32)> {
         (sys::geteuid() == 0).then_some((self.user.uid, self.user.gid))
+    }
+
+    /// The dir for per-call stdin files, made (0711) by the first call that needs it.
+    pub fn input_dir(&self) -> std::io::Result<&Path> {
+        let mut made = lock(&self.input_dir_made);
+        if !*made {
+            if let Some(parent) = self.input_dir.parent() {
+                let _ = std::fs::create_dir_all(parent);
+            }
+            crate::make_call_dir(&self.input_dir, true)?;
+            *made = true;
+        }
+        Ok(&self.input_dir)
     }
 
     /// The environment of a command run as `user`: defaults, then `setup.env`, then `extra`.
