@@ -514,6 +514,10 @@ impl Manager {
         if let Err(e) = records::empty_trash(&trash) {
             tracing::error!(dir = %trash.display(), error = %e, "empty the trash of ended sandboxes");
         }
+        let spare = self.cfg.edge_dir().join(records::SPARE_DIR);
+        if let Err(e) = records::drop_spares(&spare) {
+            tracing::error!(dir = %spare.display(), error = %e, "remove spare sandbox dirs");
+        }
         let dir = self.cfg.sandboxes_dir();
         let found = match records::scan(&dir) {
             Ok(f) => f,
@@ -820,6 +824,9 @@ impl Manager {
             ),
         };
         let dir = self.cfg.sandboxes_dir().join(id);
+        let disk_limit_mb = req
+            .disk_limit_mb
+            .or((self.cfg.default_disk_limit_mb > 0).then_some(self.cfg.default_disk_limit_mb));
         let short = id.rsplit('-').next().unwrap_or(id).to_string();
         let mut info = SandboxInfo {
             id: id.to_string(),
@@ -856,7 +863,11 @@ impl Manager {
         };
         // The record is written once the sandbox runs: a crash before leaves a directory
         // without one, which the recovery at start cleans up (its cgroup is reaped by name).
-        if let Err(e) = std::fs::create_dir_all(&dir) {
+        // A plain container (no disk limit, whose `upper`/`work` would be links into a file
+        // system of its own) gets a spare skeleton when there is one.
+        let reuse = req.substrate == Substrate::Container && disk_limit_mb.is_none();
+        let spare = self.cfg.edge_dir().join(records::SPARE_DIR);
+        if let Err(e) = records::make_sandbox_dir(&dir, &spare, reuse) {
             return Err(EdgeError::internal(
                 &format!("create {}", dir.display()),
                 &e,
@@ -886,9 +897,7 @@ impl Manager {
             env: req.env.clone(),
             netns: extras.netns.clone(),
             protected_paths: req.protected_paths.clone(),
-            disk_limit_mb: req
-                .disk_limit_mb
-                .or((self.cfg.default_disk_limit_mb > 0).then_some(self.cfg.default_disk_limit_mb)),
+            disk_limit_mb,
         };
         let sandbox = match driver.create(spec).await {
             Ok(s) => s,
@@ -1010,6 +1019,13 @@ impl Manager {
         drop(lock(&entry.lease).take());
         let released = t0.elapsed();
         let removed = match moved {
+            // Every process is dead and the mount namespace that held the overlay is gone:
+            // the emptied directory may serve the next container.
+            Some(d) if problems.is_empty() => {
+                let spare = self.cfg.edge_dir().join(records::SPARE_DIR);
+                records::recycle_in_background(d, spare);
+                Ok(())
+            }
             Some(d) => {
                 records::remove_in_background(d);
                 Ok(())
@@ -1827,6 +1843,10 @@ impl Manager {
         self.net.shutdown().await;
         if !records::flush_retired(std::time::Duration::from_secs(30)).await {
             tracing::error!("directories of ended sandboxes still being removed at shutdown");
+        }
+        let spare = self.cfg.edge_dir().join(records::SPARE_DIR);
+        if let Err(e) = records::drop_spares(&spare) {
+            tracing::error!(dir = %spare.display(), error = %e, "remove spare sandbox dirs");
         }
         if let Err(e) = self.images.unmount_all() {
             tracing::error!(error = %e, "unmount image layers");
