@@ -391,3 +391,35 @@ def test_waiting_for_a_slot_counts_against_the_timeout(servers):
             assert time.monotonic() - t0 < 2.0
 
     run(main())
+
+
+def test_many_concurrent_requests_share_a_bounded_pool(servers):
+    """300 requests at once through a pool of 16: all answered with their own data; now and
+    then the server drops a kept-alive connection instead of answering (GETs are resent)."""
+    state = {"n": 0}
+
+    def route(req):
+        state["n"] += 1
+        if state["n"] % 37 == 0 and req.method == "GET":
+            return Drop()
+        return httpx.Response(200, content=req.url.params["path"].encode())
+
+    srv = servers(route, framing="chunked")
+
+    async def main():
+        async with DSecClient(srv.url, "k", max_connections=16, max_idle=4) as c:
+            sb = dsec.Sandbox(c, dsec.SandboxInfo(id=SB))
+            sb.auto_step = False
+            for _ in range(3):  # warm some kept-alive connections so drops hit reused ones
+                await sb.read_file("/warm")
+            results = await asyncio.gather(*(sb.read_file(f"/f{i}") for i in range(300)), return_exceptions=True)
+            failed = [r for r in results if isinstance(r, Exception)]
+            # a drop on a fresh connection is not resent: allowed to fail, but only as TransportError
+            assert all(isinstance(r, dsec.TransportError) for r in failed), failed
+            ok = [(i, r) for i, r in enumerate(results) if not isinstance(r, Exception)]
+            assert all(r == f"/f{i}".encode() for i, r in ok)
+            assert len(ok) >= 280
+            assert c._http.open_connections <= 16
+
+    run(main())
+    assert srv.max_open <= 16

@@ -1,9 +1,9 @@
 """Per-request client CPU of the SDK against a running ``dsec up`` (``DSEC_API_URL``/``KEY`` or
 /var/lib/dsec/env), next to the floor of a hand-written asyncio HTTP/1.1 client and plain httpx.
 
-    python3 sdk/python/tools/bench_overhead.py --n 2000 --modes raw,httpx,sdk
+    python3 sdk/python/tools/bench_overhead.py --n 2000 --modes raw,httpx,sdk [--conc 8]
 
-Each mode runs ``--n`` sequential requests on one keep-alive connection: ``shell`` =
+Each mode runs ``--n`` requests (``--conc`` at once; keep-alive connections): ``shell`` =
 POST /v1/sandboxes/{id}/shell ``{"cmd": "true"}`` (server work included in wall time), ``get`` =
 GET /v1/sandboxes/{id}. Client CPU is ``time.process_time()`` of this process over the loop (the
 server runs in another process, so it is not counted)."""
@@ -63,15 +63,26 @@ class Raw:
         await self.w.wait_closed()
 
 
-async def bench(mode: str, url: str, key: str, sid: str, n: int, what: str) -> Tuple[float, float]:
+async def bench(mode: str, url: str, key: str, sid: str, n: int, what: str, conc: int = 1) -> Tuple[float, float]:
     path = f"/v1/sandboxes/{sid}" + ("/shell" if what == "shell" else "")
     method = "POST" if what == "shell" else "GET"
     body = {"cmd": "true", "session": "default"} if what == "shell" else None
     if mode == "raw":
-        raw = Raw(url, key)
-        await raw.open()
-        call = lambda: raw.req(method, path, body)  # noqa: E731
-        done = raw.close
+        raws = [Raw(url, key) for _ in range(conc)]
+        for r in raws:
+            await r.open()
+        free = list(raws)
+
+        async def call() -> Any:
+            r = free.pop()  # one connection per task in flight, like a pool
+            try:
+                return await r.req(method, path, body)
+            finally:
+                free.append(r)
+
+        async def done() -> None:
+            for r in raws:
+                await r.close()
     elif mode == "httpx":
         import httpx
 
@@ -95,11 +106,14 @@ async def bench(mode: str, url: str, key: str, sid: str, n: int, what: str) -> T
         else:
             call = lambda: client.get_sandbox(sid)  # noqa: E731
         done = client.close
-    for _ in range(50):
-        await call()
+    async def worker(k: int) -> None:
+        for _ in range(k):
+            await call()
+
+    await asyncio.gather(*(worker(50 // conc + 1) for _ in range(conc)))
     c0, t0 = time.process_time(), time.perf_counter()
-    for _ in range(n):
-        await call()
+    await asyncio.gather(*(worker(n // conc) for _ in range(conc)))
+    n = n // conc * conc
     cpu, wall = time.process_time() - c0, time.perf_counter() - t0
     await done()
     return cpu / n * 1e3, wall / n * 1e3
@@ -112,6 +126,7 @@ async def main() -> None:
     ap.add_argument("--what", default="shell,get")
     ap.add_argument("--image", default="debian")
     ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--conc", type=int, default=1, help="requests in flight at once")
     args = ap.parse_args()
     url, key = endpoint()
     async with dsec.DSecClient(url, key) as client:
@@ -121,8 +136,9 @@ async def main() -> None:
             for rnd in range(args.rounds):
                 for what in args.what.split(","):
                     for mode in args.modes.split(","):
-                        cpu, wall = await bench(mode, url, key, sb.id, args.n, what)
-                        print(f"round {rnd} {what:5s} {mode:5s}: client CPU {cpu:.3f} ms/req, wall {wall:.3f} ms/req")
+                        cpu, wall = await bench(mode, url, key, sb.id, args.n, what, args.conc)
+                        print(f"round {rnd} {what:5s} {mode:5s} conc {args.conc}: client CPU {cpu:.3f} ms/req, "
+                              f"wall {wall:.3f} ms/req")
             print(f"load average after: {os.getloadavg()}")
         finally:
             await sb.stop()
