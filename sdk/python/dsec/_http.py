@@ -146,6 +146,7 @@ class _Conn(asyncio.Protocol):
         self.exc: Optional[BaseException] = None
         self._waiter: "Optional[asyncio.Future[None]]" = None
         self._read_paused = False
+        self._want = 0
         self._write_paused = False
         self._drain_waiter: "Optional[asyncio.Future[None]]" = None
         self._closed: "asyncio.Future[None]" = loop.create_future()
@@ -158,7 +159,7 @@ class _Conn(asyncio.Protocol):
 
     def data_received(self, data: bytes) -> None:
         self.buf += data
-        if len(self.buf) > 2 * READ_LIMIT and not self._read_paused:
+        if len(self.buf) > max(2 * READ_LIMIT, self._want) and not self._read_paused:
             self._read_paused = True
             self.transport.pause_reading()
         self._wake()
@@ -259,10 +260,15 @@ class _Conn(asyncio.Protocol):
             await self._wait()
 
     async def readexactly(self, n: int) -> bytes:
-        while len(self.buf) < n:
-            if self.eof:
-                raise self._ended(bytes(self.buf), n)
-            await self._wait()
+        if len(self.buf) < n:
+            self._want = n  # a large body: do not pause reading before it is all here
+            try:
+                while len(self.buf) < n:
+                    if self.eof:
+                        raise self._ended(bytes(self.buf), n)
+                    await self._wait()
+            finally:
+                self._want = 0
         return self._take(n)
 
     async def read(self, n: int = -1) -> bytes:

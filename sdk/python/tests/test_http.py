@@ -423,3 +423,20 @@ def test_many_concurrent_requests_share_a_bounded_pool(servers):
 
     run(main())
     assert srv.max_open <= 16
+
+
+@pytest.mark.parametrize("framing", ["length", "chunked", "eof"])
+def test_large_bodies(servers, tmp_path, framing):
+    blob = bytes(range(256)) * (6 * 4096)  # 6 MiB
+    srv = servers(lambda req: httpx.Response(200, content=blob, headers={"x-dsec-mode": "0600"}), framing=framing)
+
+    async def main():
+        async with DSecClient(srv.url, "k") as c:
+            sb = dsec.Sandbox(c, dsec.SandboxInfo(id=SB))
+            assert await sb.read_file("/big") == blob
+            assert await sb.download("/big", tmp_path / "big") == len(blob)
+            assert await sb.read_file("/big") == blob
+
+    run(main())
+    assert (tmp_path / "big").read_bytes() == blob
+    assert (tmp_path / "big").stat().st_mode & 0o777 == 0o600
