@@ -1019,11 +1019,17 @@ impl Manager {
         drop(lock(&entry.lease).take());
         let released = t0.elapsed();
         let removed = match moved {
-            // Every process is dead and the mount namespace that held the overlay is gone:
-            // the emptied directory may serve the next container.
+            // Every process is dead; once the mount namespace that held the overlay is gone
+            // (released in the background), the emptied directory may serve the next container.
             Some(d) if problems.is_empty() => {
                 let spare = self.cfg.edge_dir().join(records::SPARE_DIR);
-                records::recycle_in_background(d, spare);
+                let id = entry.id.clone();
+                records::recycle_in_background(d, spare, move || {
+                    dsec_runtime::container::mntns::wait_released(
+                        &id,
+                        std::time::Duration::from_secs(30),
+                    )
+                });
                 Ok(())
             }
             Some(d) => {

@@ -227,13 +227,21 @@ pub fn make_sandbox_dir(dir: &Path, spare: &Path, reuse: bool) -> std::io::Resul
     std::fs::create_dir_all(dir)
 }
 
-/// Like [`remove_in_background`], for a container whose every process is dead and whose mounts
-/// are gone: its directory is emptied down to the [`SKELETON`] and kept in `spare` for the next
-/// create (up to a few), else removed.
-pub fn recycle_in_background(dir: PathBuf, spare: PathBuf) {
+/// Like [`remove_in_background`], for a container whose every process is dead: once `released`
+/// says its mounts are gone (false: they are not, after its own time limit), its directory is
+/// emptied down to the [`SKELETON`] and kept in `spare` for the next create (up to a few), else
+/// removed.
+pub fn recycle_in_background<F>(dir: PathBuf, spare: PathBuf, released: F)
+where
+    F: FnOnce() -> bool + Send + 'static,
+{
     RETIRING.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
     let job = move || {
-        recycle(&dir, &spare);
+        if released() {
+            recycle(&dir, &spare);
+        } else if let Err(e) = remove_tree(&dir) {
+            tracing::error!(dir = %dir.display(), error = %e, "remove retired sandbox dir");
+        }
         RETIRING.fetch_sub(1, std::sync::atomic::Ordering::SeqCst);
     };
     match tokio::runtime::Handle::try_current() {

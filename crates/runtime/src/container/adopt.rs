@@ -187,6 +187,7 @@ impl ContainerSubstrate {
             client,
             cgroup,
             dirs: SandboxDirs::new(dir),
+            mnt_ns: std::sync::Mutex::new(super::mntns::MountNsHold::open(pid, id)),
         })
     }
 }

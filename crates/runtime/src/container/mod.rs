@@ -16,6 +16,7 @@
 
 pub mod adopt;
 pub mod masks;
+pub mod mntns;
 pub mod netpool;
 pub mod pause;
 pub mod pidfd;
@@ -418,12 +419,14 @@ impl Substrate for ContainerSubstrate {
         match self.start(&spec, &cgroup, &dirs).await {
             Ok(Started { process, client }) => {
                 tracing::info!(sandbox = %id, pid = process.pid, "container started");
+                let mnt_ns = mntns::MountNsHold::open(process.pid, &id);
                 Ok(ContainerSandbox {
                     id,
                     process,
                     client,
                     cgroup,
                     dirs,
+                    mnt_ns: std::sync::Mutex::new(mnt_ns),
                 })
             }
             Err((error, process)) => {
@@ -467,6 +470,12 @@ impl Substrate for ContainerSubstrate {
         let exited = t0.elapsed();
         p.kill().await.map_err(|e| io_err("kill aether", e))?;
         let killed = t0.elapsed();
+        // Every process of the sandbox is dead (aether, its pid namespace's init, is reaped
+        // after all of them): its mounts go away on a blocking thread (see `mntns`).
+        let held = sb.mnt_ns.lock().unwrap_or_else(|p| p.into_inner()).take();
+        if let Some(h) = held {
+            h.release_in_background();
+        }
         teardown(sb.cgroup.clone(), sb.dirs.clone())
             .await
             .map_err(|e| io_err("remove cgroup and dirs", e))?;
@@ -539,6 +548,8 @@ pub struct ContainerSandbox {
     client: AetherClient,
     cgroup: Cgroup,
     dirs: SandboxDirs,
+    /// The sandbox's mount namespace, released once its processes are dead (see `mntns`).
+    mnt_ns: std::sync::Mutex<Option<mntns::MountNsHold>>,
 }
 
 impl ContainerSandbox {
