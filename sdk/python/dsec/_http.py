@@ -378,12 +378,10 @@ class _Body:
         elif te is not None and "chunked" in te.lower():
             self.mode = "chunked"
         elif cl is not None:
-            try:
-                self.remaining = int(cl.split(",")[0])
-            except ValueError:
-                raise HTTPError(f"bad content-length from the server: {cl!r}") from None
-            if self.remaining < 0:
+            values = {v.strip() for v in cl.split(",")}  # repeated identical values are allowed
+            if len(values) != 1 or not next(iter(values)).isdigit():
                 raise HTTPError(f"bad content-length from the server: {cl!r}")
+            self.remaining = int(next(iter(values)))
             self.mode = "length"
             self.done = self.remaining == 0
         else:
@@ -434,10 +432,9 @@ class _Body:
             if self.remaining == 0:
                 line = await reader.readuntil(b"\r\n")
                 size_text = line.split(b";", 1)[0].strip()
-                try:
-                    size = int(size_text, 16)
-                except ValueError:
-                    raise HTTPError(f"bad chunk size from the server: {line[:40]!r}") from None
+                if not size_text or size_text.strip(b"0123456789abcdefABCDEF"):
+                    raise HTTPError(f"bad chunk size from the server: {line[:40]!r}")
+                size = int(size_text, 16)
                 if size == 0:
                     while (await reader.readuntil(b"\r\n")) != b"\r\n":  # trailers
                         pass

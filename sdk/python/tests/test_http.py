@@ -440,3 +440,33 @@ def test_large_bodies(servers, tmp_path, framing):
     run(main())
     assert (tmp_path / "big").read_bytes() == blob
     assert (tmp_path / "big").stat().st_mode & 0o777 == 0o600
+
+
+@pytest.mark.parametrize("answer", [
+    b"HTTP/1.1 200 OK\r\ncontent-length: -1\r\n\r\n",
+    b"HTTP/1.1 200 OK\r\ncontent-length: 3, 4\r\n\r\nabcd",
+    b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n-5\r\nabc\r\n0\r\n\r\n",
+    b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n0x3\r\nabc\r\n0\r\n\r\n",
+    b"HTTP/1.1 200 OK\r\ncontent-length: 10\r\n\r\nabc",  # then closed: truncated
+    b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n5\r\nab",  # truncated chunk
+    b"NOT HTTP\r\n\r\n",
+])
+def test_malformed_answers_are_transport_errors(answer):
+    async def main():
+        async def handle(r, w):
+            await r.readuntil(b"\r\n\r\n")
+            w.write(answer)
+            await w.drain()
+            w.close()
+
+        srv = await asyncio.start_server(handle, "127.0.0.1", 0)
+        try:
+            async with DSecClient(f"http://127.0.0.1:{srv.sockets[0].getsockname()[1]}", "k") as c:
+                with pytest.raises(dsec.TransportError):
+                    await c._request("GET", "/v1/x")
+                assert c._http.open_connections == 0
+        finally:
+            srv.close()
+            await srv.wait_closed()
+
+    run(main())
