@@ -349,7 +349,7 @@ def _parse_head(head: bytes) -> Tuple[int, Headers, bool]:
             raise HTTPError(f"malformed header line from the server: {line[:100]!r}")
         key = name.strip().lower().decode("latin-1")
         text = value.strip().decode("latin-1")
-        if key in headers:
+        if dict.__contains__(headers, key):
             dict.__setitem__(headers, key, dict.__getitem__(headers, key) + ", " + text)
         else:
             dict.__setitem__(headers, key, text)

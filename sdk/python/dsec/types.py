@@ -5,7 +5,7 @@ from __future__ import annotations
 import base64
 import binascii
 from dataclasses import asdict, dataclass, field, fields
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, FrozenSet, List, Optional
 
 
 def _b64(value: Any) -> Optional[bytes]:
@@ -15,6 +15,17 @@ def _b64(value: Any) -> Optional[bytes]:
         return base64.b64decode(value, validate=True)
     except (binascii.Error, ValueError):
         return None
+
+
+_FIELD_NAMES: Dict[type, FrozenSet[str]] = {}
+
+
+def _field_names(cls: type) -> FrozenSet[str]:
+    """The dataclass's field names (cached: ``fields()`` is slow enough to matter per request)."""
+    names = _FIELD_NAMES.get(cls)
+    if names is None:
+        names = _FIELD_NAMES[cls] = frozenset(f.name for f in fields(cls))
+    return names
 
 
 @dataclass
@@ -160,7 +171,7 @@ class SandboxInfo:
 
     @classmethod
     def from_json(cls, doc: Dict[str, Any]) -> "SandboxInfo":
-        known = {f.name for f in fields(cls)} - {"raw"}
+        known = _field_names(cls) - {"raw"}
         kwargs = {k: v for k, v in doc.items() if k in known and v is not None}
         for key in ("network_rules", "labels"):
             if key in kwargs and not isinstance(kwargs[key], dict):
@@ -197,7 +208,7 @@ class ShellResult:
 
     @classmethod
     def from_json(cls, doc: Dict[str, Any]) -> "ShellResult":
-        known = {f.name for f in fields(cls)}
+        known = _field_names(cls)
         return cls(**{k: v for k, v in doc.items() if k in known and v is not None})
 
     @property
@@ -273,7 +284,7 @@ class FileInfo:
 
     @classmethod
     def from_json(cls, doc: Dict[str, Any]) -> "FileInfo":
-        known = {f.name for f in fields(cls)}
+        known = _field_names(cls)
         return cls(**{k: v for k, v in doc.items() if k in known and v is not None})
 
     @property
@@ -299,7 +310,7 @@ class ImageInfo:
 
     @classmethod
     def from_json(cls, doc: Dict[str, Any]) -> "ImageInfo":
-        known = {f.name for f in fields(cls)}
+        known = _field_names(cls)
         return cls(**{k: v for k, v in doc.items() if k in known and v is not None})
 
 
@@ -317,5 +328,5 @@ class JobOpResult:
 
     @classmethod
     def from_json(cls, doc: Dict[str, Any]) -> "JobOpResult":
-        known = {f.name for f in fields(cls)}
+        known = _field_names(cls)
         return cls(**{k: v for k, v in doc.items() if k in known and v is not None})
