@@ -42,6 +42,7 @@ import argparse
 import os
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -54,7 +55,11 @@ from vmfixture import qemu_pids_for as qemu_pids  # noqa: E402
 
 CACHE = Path(os.environ.get("DSEC_CACHE", "/var/cache/dsec"))
 DEBIAN_TAR = CACHE / "debian-bookworm.tar"
-PMEM_DIR = CACHE / "pmem-layers"
+# The runtime keeps the padded virtio-pmem copies next to the guest artefacts.
+PMEM_DIR = Path(os.environ["DSEC_GUEST_DIR"]).parent / "pmem-layers" if os.environ.get("DSEC_GUEST_DIR") \
+    else CACHE / "pmem-layers"
+# Where the nodes' data dirs (image store, VM disks) go: --data-root.
+DATA_ROOT: list[str] = []
 TOOLKIT_DIR = CACHE / "scipy-toolkit"
 TOOLKIT = "scipy-toolkit"
 LIGHT = ("python3 -c 'import json, email, email.parser, http.client, xml.dom.minidom, sqlite3, "
@@ -122,6 +127,33 @@ def layer_files(data_dir: str):
     return files
 
 
+def pmem_copies(pids) -> set[str]:
+    """The virtio-pmem copies these QEMUs map (their `mem-path=`): the shared pmem directory
+    also holds other nodes' copies, which are not counted."""
+    out = set()
+    for pid in pids:
+        for a in Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0"):
+            for opt in a.decode(errors="replace").split(","):
+                if opt.startswith("mem-path="):
+                    out.add(opt[len("mem-path="):])
+    return out
+
+
+def pmem_mapped(pids) -> int:
+    """Pss of the virtio-pmem mappings over these QEMUs: the layer pages the guests touched
+    through DAX, each counted once however many VMs map it."""
+    total = 0
+    for pid in pids:
+        cur = False
+        for line in Path(f"/proc/{pid}/smaps").read_text().splitlines():
+            f = line.split()
+            if f and "-" in f[0] and len(f) >= 5 and ":" not in f[0]:
+                cur = len(f) >= 6 and f[5].startswith(str(PMEM_DIR))
+            elif cur and f and f[0] == "Pss:":
+                total += int(f[1]) * 1024
+    return total
+
+
 def drop_file_cache(paths) -> None:
     """Evicts the page cache of these files (the import just wrote them): targeted, unlike
     drop_caches, so the figure starts from the VMs' own reads."""
@@ -169,7 +201,7 @@ def start_node(pmem: bool, balloon: bool, tag: str, toolkit: bool = False) -> tu
     # virtio-pmem needs the `pc` machine (QEMU 7.2's `microvm` gives pmem regions no address):
     # both configurations run on `pc`, so the rows differ only in how the layers are attached.
     os.environ["DSEC_MICROVM_MACHINE"] = "pc"
-    data = new_data_dir(tag)
+    data = tempfile.mkdtemp(prefix=f"dsec-e2e-{tag}-", dir=DATA_ROOT[0]) if DATA_ROOT else new_data_dir(tag)
     up = DsecUp(str(ROOT / "target/release/dsec"), data, f"{tag.replace('-', '')[:10]}{os.getpid() % 100000}").start()
     up.cli("image", "import", "debian", "--tar", str(DEBIAN_TAR), timeout=900)
     if toolkit:
@@ -218,13 +250,18 @@ def density_task(c, data: str, task: str, n: int, memory_mb: int) -> dict:
     try:
         t0 = time.monotonic()
         guest, task_s = [], []
+        boot_task_cpu = []
         for _ in range(n):
+            old = set(qemu_pids(data))
             sb = c.run_microvm(run_args(task, memory_mb), timeout=900)
             sbs.append(sb)
             before = guest_stats(sb)
             t1 = time.monotonic()
             run_task(sb, task)
             task_s.append(time.monotonic() - t1)
+            # CPU time of this VM's QEMU for its boot and the task (under TCG: translating
+            # and running guest code), before it idles.
+            boot_task_cpu += [cpu_seconds(p) for p in set(qemu_pids(data)) - old]
             g = guest_stats(sb)
             g["task_layer_read"] = g["layer_read"] - before["layer_read"]
             guest.append(g)
@@ -235,8 +272,8 @@ def density_task(c, data: str, task: str, n: int, memory_mb: int) -> dict:
         rolls = [rollup(p) for p in pids]
         anon = sum(r.get("Pss_Anon", 0) + r.get("Pss_Shmem", 0) for r in rolls)
         pss_file = sum(r.get("Pss_File", 0) for r in rolls)
-        files = layer_files(data)
-        cache_layers = cached_bytes([f for f in files if f.suffix != ".img"])
+        files = [f for f in layer_files(data) if not str(f).startswith(str(PMEM_DIR))]
+        cache_layers = cached_bytes([f for f in files if f.suffix != ".img"] + sorted(pmem_copies(pids)))
         cache_disks = cached_bytes([f for f in files if f.suffix == ".img"])
         avg = lambda k: sum(g.get(k, 0) for g in guest) / n  # noqa: E731
         res = {"vms": n, "anon_shmem": anon, "pss_file": pss_file, "page_cache": cache_layers + cache_disks,
@@ -244,7 +281,8 @@ def density_task(c, data: str, task: str, n: int, memory_mb: int) -> dict:
                "total": anon + cache_layers + cache_disks, "rss_sum": sum(rss(p) for p in pids),
                "create_and_task_s": elapsed, "task_s": sum(task_s) / n,
                "qemu_cpu_s": sum(cpu_seconds(p) for p in pids) / n,
-               "tb_cache": sum(tb_cache(p) for p in pids),
+               "boot_task_cpu_s": sum(boot_task_cpu) / max(len(boot_task_cpu), 1),
+               "tb_cache": sum(tb_cache(p) for p in pids), "pmem_mapped": pmem_mapped(pids),
                "guest_used": avg("MemTotal") - avg("MemFree"), "guest_cached": avg("Cached"),
                "layer_read": avg("layer_read"), "task_layer_read": avg("task_layer_read"),
                "loadavg": os.getloadavg()}
@@ -305,10 +343,11 @@ def report(name: str, r: dict) -> None:
     print(f"{name:>18}: total {mb(r['total'])} MB = QEMU anon+shmem PSS {mb(r['anon_shmem'])} MB "
           f"+ layer page cache {mb(r['cache_layers'])} MB + VM disk page cache {mb(r['cache_disks'])} MB "
           f"(QEMU file PSS {mb(r['pss_file'])} MB, RSS sum {mb(r['rss_sum'])} MB, of which TCG translation cache "
-          f"{mb(r['tb_cache'])} MB)", flush=True)
+          f"{mb(r['tb_cache'])} MB; layer pages mapped through DAX {mb(r['pmem_mapped'])} MB)", flush=True)
     print(f"{'':>18}  per guest: used {mb(r['guest_used'])} MB, page cache {mb(r['guest_cached'])} MB, "
           f"read from layer disks {mb(r['layer_read'])} MB (task alone {mb(r['task_layer_read'])} MB); "
-          f"per VM: B {mb(r['B'])} MB, L {mb(r['L'])} MB; QEMU CPU {r['qemu_cpu_s']:.0f} s/VM, "
+          f"per VM: B {mb(r['B'])} MB, L {mb(r['L'])} MB; QEMU CPU for boot+task {r['boot_task_cpu_s']:.1f} s/VM "
+          f"(at the end {r['qemu_cpu_s']:.0f} s/VM), "
           f"task {r['task_s']:.1f} s/VM, create+task {r['create_and_task_s']:.0f} s; load average {la}", flush=True)
     r["total_ex_tb"] = r["total"] - r["tb_cache"]
     print(f"{'':>18}  without the TCG translation cache (absent under KVM): {mb(r['total_ex_tb'])} MB", flush=True)
@@ -323,15 +362,28 @@ def main() -> None:
     ap.add_argument("--tb-mb", type=int, default=None,
                     help="TCG translation cache per VM in MiB (DSEC_MICROVM_TCG_TB_MB; 0: QEMU's default "
                          "of 1 GiB); default: the runtime's")
+    ap.add_argument("--data-root", help="directory for the nodes' data dirs (default /var/tmp)")
     ap.add_argument("--skip-density", action="store_true")
     ap.add_argument("--skip-fpr", action="store_true", help="skip the free page reporting figure")
     args = ap.parse_args()
+    if args.data_root:
+        DATA_ROOT.append(args.data_root)
     if args.tb_mb is not None:
         os.environ["DSEC_MICROVM_TCG_TB_MB"] = str(args.tb_mb)
     accel = os.environ.get("DSEC_MICROVM_ACCEL", "tcg")
     tb = os.environ.get("DSEC_MICROVM_TCG_TB_MB", "runtime default")
-    cmd = "python3 bench/microvm_memory.py " + " ".join(sys.argv[1:])
+    env = " ".join(f"{k}={os.environ[k]}" for k in ("DSEC_GUEST_DIR", "DSEC_QEMU", "DSEC_MICROVM_ACCEL")
+                   if os.environ.get(k))
+    cmd = (env + " " if env else "") + "python3 bench/microvm_memory.py " + " ".join(sys.argv[1:])
     print(f"reproduce: {cmd}")
+    ra = {}
+    for d in (PMEM_DIR, Path(args.data_root or "/var/tmp")):
+        try:
+            dev = os.stat(d if d.exists() else d.parent).st_dev
+            ra[str(d)] = Path(f"/sys/dev/block/{os.major(dev)}:{os.minor(dev)}/queue/read_ahead_kb").read_text().strip()
+        except OSError:
+            ra[str(d)] = "?"
+    print(f"host read-ahead (KiB) of the filesystems holding the pmem copies and the layer files: {ra}")
     print(f"accelerator: {accel} (translation cache MiB: {tb}); {args.vms} microVMs x {args.memory_mb} MB; "
           f"load average {' '.join(f'{x:.2f}' for x in os.getloadavg())}", flush=True)
     tasks = ["light", "scipy"] if args.task == "both" else [args.task]
