@@ -393,7 +393,8 @@ def main() -> None:
         print(f"task {t}: {TASKS[t]['describe']}", flush=True)
     layers = {"blk": [False], "pmem": [True], "both": [False, True]}[args.layers]
     if not args.skip_density and tasks:
-        rows = {pmem: density(pmem, tasks, args.vms, args.memory_mb) for pmem in layers}
+        n_vms = args.vms
+        rows = {pmem: density(pmem, tasks, n_vms, args.memory_mb) for pmem in layers}
         for task in tasks:
             print(f"--- task {task}", flush=True)
             for pmem in layers:
@@ -407,8 +408,11 @@ def main() -> None:
                 print(f"task {task}: pmem/DAX vs blk: {saving[task]:+.1f}% host memory "
                       f"({mb(a['total'])} -> {mb(b['total'])} MB); without the TCG translation cache: {ex:+.1f}%; "
                       f"L/B (blk) = {a['L'] / a['B']:.2f}", flush=True)
-            if len(tasks) == 2 and saving["light"]:
-                print(f"saving ratio scipy/light: {saving['scipy'] / saving['light']:.1f}x", flush=True)
+            if len(tasks) == 2:
+                saved = {t: (rows[False][t]["total"] - rows[True][t]["total"]) / n_vms for t in tasks}
+                ratio = f"; ratio scipy/light {saved['scipy'] / saved['light']:.1f}x" if saved["light"] > 1e6 else ""
+                print(f"saved by pmem/DAX per VM: light {mb(saved['light'])} MB, scipy {mb(saved['scipy'])} MB; "
+                      f"relative: light {saving['light']:+.1f}%, scipy {saving['scipy']:+.1f}%{ratio}", flush=True)
     if not args.skip_fpr:
         for balloon in (True, False):
             f = free_page_reporting(balloon)
