@@ -1843,6 +1843,10 @@ impl Manager {
             .iter()
             .map(|e| self.finish(e, End::Stopped("the edge shut down".into())));
         futures::future::join_all(stops).await;
+        // Logs closed by those stops are synced by the group commit; do it now, as the
+        // background task ends with the process.
+        let traj = self.traj.clone();
+        let _ = tokio::task::spawn_blocking(move || traj.sync_all()).await;
         if let Some(Ok(d)) = self.microvm.get() {
             d.shutdown().await;
         }

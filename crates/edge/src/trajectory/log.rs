@@ -253,6 +253,35 @@ impl LogFile {
         ))
     }
 
+    /// Creates the log of a new sandbox: no file is expected, so none is read or scanned (one
+    /// `openat(O_CREAT|O_EXCL)` instead of open + read + scan). A file already there (a
+    /// re-adopted sandbox's) is opened as [`LogFile::open`] does, torn tail and all.
+    pub fn create(path: &Path, policy: FsyncPolicy) -> Result<(LogFile, Opened), OpenLogError> {
+        match OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create_new(true)
+            .open(path)
+        {
+            Ok(file) => Ok((
+                LogFile {
+                    path: path.to_path_buf(),
+                    file,
+                    len: 0,
+                    next_seq: 1,
+                    policy,
+                    dirty: false,
+                },
+                Opened::default(),
+            )),
+            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => Self::open(path, policy),
+            Err(source) => Err(OpenLogError::Io {
+                path: path.to_path_buf(),
+                source,
+            }),
+        }
+    }
+
     pub fn path(&self) -> &Path {
         &self.path
     }
@@ -301,6 +330,11 @@ impl LogFile {
             self.dirty = false;
         }
         Ok(())
+    }
+
+    /// Whether records were written since the last sync.
+    pub fn has_pending_sync(&self) -> bool {
+        self.dirty
     }
 
     /// For a group commit outside the log's lock: a handle to `fdatasync` when records were

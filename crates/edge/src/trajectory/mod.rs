@@ -401,6 +401,9 @@ pub struct Trajectories {
     dir: PathBuf,
     blobs: BlobStore,
     logs: Mutex<HashMap<String, Arc<SandboxLog>>>,
+    /// Logs of ended sandboxes closed with records not yet synced (batch policy): the next group
+    /// commit syncs them with the open ones, then drops them.
+    closing: Mutex<Vec<Arc<SandboxLog>>>,
     /// Torn bytes cut when logs were opened (reported by tests and metrics).
     cut_bytes: std::sync::atomic::AtomicU64,
     /// Signalled by every append under the batch policy: the group commit runs only when
@@ -429,6 +432,7 @@ impl Trajectories {
             dir,
             blobs,
             logs: Mutex::new(HashMap::new()),
+            closing: Mutex::new(Vec::new()),
             cut_bytes: std::sync::atomic::AtomicU64::new(0),
             written: Arc::new(tokio::sync::Notify::new()),
         }
@@ -455,9 +459,15 @@ impl Trajectories {
         dsec_wire::id::is_valid_sandbox_id(id).then(|| self.dir.join(format!("{id}.log")))
     }
 
-    fn open_log(&self, id: &str, path: &Path) -> Result<Arc<SandboxLog>, EdgeError> {
-        let (file, opened) = LogFile::open(path, self.cfg.fsync)
-            .map_err(|e| EdgeError::internal("open trajectory log", &e))?;
+    /// Opens the log at `path`; `new`: the log of a sandbox being created (see
+    /// [`LogFile::create`]).
+    fn open_log(&self, id: &str, path: &Path, new: bool) -> Result<Arc<SandboxLog>, EdgeError> {
+        let (file, opened) = if new {
+            LogFile::create(path, self.cfg.fsync)
+        } else {
+            LogFile::open(path, self.cfg.fsync)
+        }
+        .map_err(|e| EdgeError::internal("open trajectory log", &e))?;
         self.cut_bytes
             .fetch_add(opened.cut_bytes, std::sync::atomic::Ordering::Relaxed);
         let steps = Steps::from_records(opened.records.iter().map(|(r, p)| (r, *p)));
@@ -476,9 +486,17 @@ impl Trajectories {
         let path = self
             .log_path(id)
             .ok_or_else(|| EdgeError::BadRequest(format!("bad sandbox id {id:?}")))?;
-        std::fs::create_dir_all(&self.dir)
-            .map_err(|e| EdgeError::internal(&format!("create {}", self.dir.display()), &e))?;
-        let log = self.open_log(id, &path)?;
+        // The directory exists after the first create: made on demand rather than checked
+        // (a stat) on every create.
+        let log = match self.open_log(id, &path, true) {
+            Err(_) if !self.dir.is_dir() => {
+                std::fs::create_dir_all(&self.dir).map_err(|e| {
+                    EdgeError::internal(&format!("create {}", self.dir.display()), &e)
+                })?;
+                self.open_log(id, &path, true)?
+            }
+            r => r?,
+        };
         lock(&self.logs).insert(id.to_string(), log);
         Ok(())
     }
@@ -497,7 +515,7 @@ impl Trajectories {
         if let Some(l) = logs.get(id) {
             return Some(l.clone());
         }
-        match self.open_log(id, &path) {
+        match self.open_log(id, &path, false) {
             Ok(l) => {
                 logs.insert(id.to_string(), l.clone());
                 Some(l)
@@ -718,12 +736,28 @@ impl Trajectories {
         }
     }
 
-    /// Syncs and closes the log of an ended sandbox (the file stays until retention ends).
+    /// Closes the log of an ended sandbox (the file stays until retention ends). Under the
+    /// batch policy its last records are synced by the next group commit, within the same
+    /// `fsync_interval_ms` window as any other record (not here, on the stop's path: one
+    /// `fdatasync` per window covers the records of the sandbox's last call and its `stop`);
+    /// under `always` nothing is pending; under `never` it is synced here, as before.
     pub fn close(&self, id: &str) {
-        if let Some(log) = lock(&self.logs).remove(id) {
-            if let Err(e) = lock(&log.inner).file.sync() {
-                tracing::error!(sandbox = %id, error = %e, "sync trajectory log");
+        let Some(log) = lock(&self.logs).remove(id) else {
+            return;
+        };
+        if self.cfg.fsync == FsyncPolicy::Batch {
+            let pending = lock(&log.inner).file.has_pending_sync();
+            if pending {
+                lock(&self.closing).push(log);
+                // The stop's own append already woke the group commit; this covers a commit
+                // that ran between that append and this close.
+                self.written.notify_one();
             }
+            return;
+        }
+        let synced = lock(&log.inner).file.sync();
+        if let Err(e) = synced {
+            tracing::error!(sandbox = %id, error = %e, "sync trajectory log");
         }
     }
 
@@ -772,9 +806,11 @@ impl Trajectories {
         })
     }
 
-    /// Group commit of the `batch` policy: syncs every open log.
+    /// Group commit of the `batch` policy: syncs every open log and every log closed since the
+    /// last commit (also called at edge shutdown, after every sandbox ended).
     pub fn sync_all(&self) {
-        let logs: Vec<Arc<SandboxLog>> = lock(&self.logs).values().cloned().collect();
+        let mut logs: Vec<Arc<SandboxLog>> = lock(&self.logs).values().cloned().collect();
+        logs.append(&mut lock(&self.closing));
         for log in logs {
             // fdatasync outside the lock: appends go on meanwhile.
             let pending = lock(&log.inner).file.take_pending_sync();
@@ -1062,6 +1098,50 @@ mod tests {
             .unwrap_err();
         assert_eq!(e.code(), "file_not_found", "replayed user error");
         assert_eq!(t.read(ID).unwrap().len(), 2);
+    }
+
+    #[test]
+    fn closed_logs_are_synced_by_the_next_group_commit() {
+        let d = tempfile::tempdir().unwrap();
+        let t = traj(d.path());
+        assert_eq!(t.config().fsync, FsyncPolicy::Batch);
+        t.begin(ID, None).unwrap();
+        t.note(ID, "stop", json!({}), Ok(json!({})));
+        t.close(ID);
+        assert!(!lock(&t.logs).contains_key(ID));
+        assert_eq!(lock(&t.closing).len(), 1, "closed with a record pending");
+        t.sync_all();
+        assert!(lock(&t.closing).is_empty(), "synced and dropped");
+        // A log closed with nothing pending is not queued.
+        let other = "sb-n0-00000000000000dd";
+        t.begin(other, None).unwrap();
+        t.note(other, "stop", json!({}), Ok(json!({})));
+        t.sync_all();
+        t.close(other);
+        assert!(lock(&t.closing).is_empty());
+        assert_eq!(t.read(ID).unwrap().len(), 1);
+    }
+
+    #[test]
+    fn begin_on_an_existing_log_keeps_its_records() {
+        let d = tempfile::tempdir().unwrap();
+        let t = traj(d.path());
+        t.begin(ID, None).unwrap();
+        t.note(ID, "create", json!({}), Ok(json!({})));
+        t.close(ID);
+        let t2 = traj(d.path());
+        t2.begin(ID, None).unwrap();
+        t2.note(ID, "x", json!({}), Ok(json!({})));
+        let seqs: Vec<u64> = t2.read(ID).unwrap().iter().map(|r| r.seq).collect();
+        assert_eq!(seqs, vec![1, 2]);
+    }
+
+    #[test]
+    fn begin_makes_the_directory_on_demand() {
+        let d = tempfile::tempdir().unwrap();
+        let t = traj(&d.path().join("a/b"));
+        t.begin(ID, None).unwrap();
+        assert!(d.path().join(format!("a/b/{ID}.log")).is_file());
     }
 
     #[tokio::test]
