@@ -6,16 +6,19 @@
 #
 # Frames both ways: 4-byte big-endian length + JSON. Per request the server forks one child per
 # run. The child: new session, uid/gid 65534 (so it cannot touch the server, the image or files
-# of root), a fresh scratch dir as cwd and HOME, an environment built from scratch, rlimits
-# (CPU, file size = output limit, core 0), oom_score_adj 1000, stdout/stderr into memfds.
-# After every run everything except this server and PID 1 is SIGKILLed (kill(-1) with CAP_KILL)
-# and reaped (the server is a child subreaper); after every call the scratch dir and the
-# world-writable dirs are wiped. With `early` (on an `end` request) the answer goes out right
-# after the last run, before that run's kill-and-reap and the wipe; a second frame then confirms
-# the cleanup, and the edge lends the worker to no other call before it has read it. After a
-# clean cleanup the server also forks the next call's child ahead of time (the "spare": it
-# waits, still root and running no call code, for its run on a pipe, and reports its pid so the
-# edge does not count it as a leftover); the fork is then off the next call's critical path.
+# of root), a fresh scratch dir as cwd and HOME, the call's environment (set in the server when
+# the call begins, so the child inherits it), rlimits (CPU, file size = output limit, core 0),
+# oom_score_adj 1000, stdout/stderr into memfds. After every run everything except this server
+# and PID 1 is SIGKILLed (kill(-1) with CAP_KILL) and reaped (the server is a child subreaper);
+# after every call the scratch dir and the world-writable dirs are wiped. With `early` (on an
+# `end` request) the answer goes out right after the last run, before that run's kill-and-reap
+# and the wipe; a second frame then confirms the cleanup, and the edge lends the worker to no
+# other call before it has read it.
+#
+# CPU per call matters more than anything else here (2 cores serve every call): every fork
+# write-protects the server's whole heap, so the child does as little Python as possible
+# before the program (each page it writes is a copy-on-write fault), and no child is kept
+# alive while the server does its bookkeeping (the server's own writes would then copy too).
 import base64, ctypes, gc, json, os, select, signal, socket, struct, sys, time, traceback, resource
 import collections, itertools, functools, heapq, bisect, math, random, re, string, fractions
 import decimal, statistics, typing, dataclasses, operator, copy, io, array, enum, datetime
@@ -75,65 +78,8 @@ def survivors():
     return out
 
 
-SPARE = None  # (pid, job pipe write end, (stdin, stdout, stderr memfds)) or None
-
-
-def fork_spare():
-    """Forks the next run's child ahead of time; it waits for its job (JSON) on a pipe."""
-    global SPARE
-    fds = (os.memfd_create("stdin"), os.memfd_create("stdout"), os.memfd_create("stderr"))
-    r, w = os.pipe()
-    pid = os.fork()
-    if pid == 0:
-        try:
-            os.close(w)
-            buf = bytearray()
-            while True:
-                chunk = os.read(r, 65536)
-                if not chunk:
-                    break
-                buf += chunk
-            job = json.loads(buf) if buf else None
-        except BaseException:
-            os._exit(127)
-        if job is None:
-            os._exit(0)
-        child(job["run"], job["env"], fds[0], fds[1], fds[2], job["scratch"], job["cpu_ms"], job["fsize"])
-    os.close(r)
-    SPARE = (pid, w, fds)
-    return pid
-
-
-def take_spare():
-    """The spare if it is still waiting (else None; a dead one is reaped)."""
-    global SPARE
-    spare, SPARE = SPARE, None
-    if spare is None:
-        return None
-    pid, w, fds = spare
-    try:
-        done, _ = os.waitpid(pid, os.WNOHANG)
-    except ChildProcessError:
-        done = pid
-    if done == 0:
-        return spare
-    for fd in (w,) + fds:
-        os.close(fd)
-    return None
-
-
-def drop_spare():
-    global SPARE
-    if SPARE is not None:
-        _, w, fds = SPARE
-        SPARE = None
-        for fd in (w,) + fds:
-            os.close(fd)
-
-
 def kill_everything():
     """SIGKILLs every process of the container but PID 1 and this one, reaps, until none."""
-    drop_spare()
     me = os.getpid()
     for _ in range(2000):
         try:
@@ -178,7 +124,7 @@ def wipe(path, keep_self=False):
             pass
 
 
-def child(run, env, stdin_fd, out_fd, err_fd, scratch, cpu_ms, fsize):
+def child(run, stdin_fd, out_fd, err_fd, scratch, cpu_ms, fsize):
     try:
         os.setsid()
         for fd, target in ((stdin_fd, 0), (out_fd, 1), (err_fd, 2)):
@@ -188,8 +134,9 @@ def child(run, env, stdin_fd, out_fd, err_fd, scratch, cpu_ms, fsize):
         signal.signal(signal.SIGXFSZ, signal.SIG_DFL)
         signal.signal(signal.SIGINT, signal.SIG_DFL)
         try:
-            with open("/proc/self/oom_score_adj", "w") as f:
-                f.write("1000")
+            fd = os.open("/proc/self/oom_score_adj", os.O_WRONLY)
+            os.write(fd, b"1000")
+            os.close(fd)
         except OSError:
             pass
         os.setgroups([])
@@ -200,8 +147,6 @@ def child(run, env, stdin_fd, out_fd, err_fd, scratch, cpu_ms, fsize):
         resource.setrlimit(resource.RLIMIT_CPU, (secs, secs + 1))
         resource.setrlimit(resource.RLIMIT_FSIZE, (fsize + 1, fsize + 1))
         resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
-        os.environ.clear()
-        os.environ.update(env)
         if run["kind"] == "python":
             path = run["code_path"]
             with open(path, "rb") as f:
@@ -236,7 +181,7 @@ def child(run, env, stdin_fd, out_fd, err_fd, scratch, cpu_ms, fsize):
                 code = code or 1
             os._exit(code)
         else:
-            os.execvpe(run["argv"][0], run["argv"], env)
+            os.execvp(run["argv"][0], run["argv"])
     except BaseException as e:
         try:
             os.write(2, ("dsec worker: cannot start the program: %s\n" % e).encode())
@@ -251,42 +196,17 @@ def read_fd(fd, limit):
     return data, size
 
 
-def run_once(step, env, scratch, kill=True):
+def run_once(step, scratch, kill=True):
     timeout_ms, cpu_ms, fsize, keep = step["timeout_ms"], step["cpu_ms"], step["fsize"], step["keep"]
-    spare = take_spare()
-    pid = None
-    if spare is not None:
-        pid, job_w, (stdin_fd, out_fd, err_fd) = spare
-        os.write(stdin_fd, base64.b64decode(step["stdin"]))
-        os.lseek(stdin_fd, 0, 0)
-        job = json.dumps({"run": step["run"], "env": env, "scratch": scratch, "cpu_ms": cpu_ms, "fsize": fsize}).encode()
-        started = time.monotonic()
-        try:
-            view = memoryview(job)
-            while view:
-                view = view[os.write(job_w, view):]
-        except OSError:
-            # The spare died meanwhile: fork as usual.
-            for fd in (stdin_fd, out_fd, err_fd):
-                os.close(fd)
-            try:
-                os.kill(pid, signal.SIGKILL)
-                os.waitpid(pid, 0)
-            except OSError:
-                pass
-            pid = None
-        finally:
-            os.close(job_w)
-    if pid is None:
-        stdin_fd = os.memfd_create("stdin")
-        os.write(stdin_fd, base64.b64decode(step["stdin"]))
-        os.lseek(stdin_fd, 0, 0)
-        out_fd = os.memfd_create("stdout")
-        err_fd = os.memfd_create("stderr")
-        started = time.monotonic()
-        pid = os.fork()
-        if pid == 0:
-            child(step["run"], env, stdin_fd, out_fd, err_fd, scratch, cpu_ms, fsize)
+    stdin_fd = os.memfd_create("stdin")
+    os.write(stdin_fd, base64.b64decode(step["stdin"]))
+    os.lseek(stdin_fd, 0, 0)
+    out_fd = os.memfd_create("stdout")
+    err_fd = os.memfd_create("stderr")
+    started = time.monotonic()
+    pid = os.fork()
+    if pid == 0:
+        child(step["run"], stdin_fd, out_fd, err_fd, scratch, cpu_ms, fsize)
     os.close(stdin_fd)
     timed_out = False
     pfd = os.pidfd_open(pid)
@@ -342,6 +262,10 @@ class Call:
             "PWD": self.scratch,
         }
         self.env.update(begin.get("env", {}))
+        # The server's own environment becomes the call's: a forked run inherits it (both
+        # os.environ and the C environ), with no per-run work in the child.
+        os.environ.clear()
+        os.environ.update(self.env)
         for rel, b64 in begin.get("files", {}).items():
             parts = [x for x in rel.split("/") if x not in ("", ".")]
             if not parts or ".." in parts:
@@ -376,7 +300,7 @@ def serve(req, state, seq, conn):
         if state.get("call") is not None:
             state["call"].finish()
             state["call"] = None
-        state["spare"] = None
+        state["scratch"] = None
         clean = kill_everything()
         wipe(SCRATCH_ROOT)
         for d in WIPE:
@@ -386,8 +310,8 @@ def serve(req, state, seq, conn):
     if req.get("begin") is not None:
         if state.get("call") is not None:
             state["call"].finish()
-        spare, state["spare"] = state.get("spare"), None
-        state["call"] = Call(seq, req["begin"], spare)
+        scratch, state["scratch"] = state.get("scratch"), None
+        state["call"] = Call(seq, req["begin"], scratch)
     call = state.get("call")
     if call is None:
         return {"error": "no call begun", "clean": False}
@@ -395,7 +319,7 @@ def serve(req, state, seq, conn):
     early = bool(req.get("early")) and bool(req.get("end"))
     for i, step in enumerate(steps):
         # With `early`, the last run's leftovers are killed after the answer has gone out.
-        res, ok = run_once(step, call.env, call.scratch, kill=not (early and i == len(steps) - 1))
+        res, ok = run_once(step, call.scratch, kill=not (early and i == len(steps) - 1))
         clean = clean and ok
         results.append(res)
         failed = res["exit"] != 0 or res["signal"] is not None or res["timed_out"]
@@ -413,13 +337,9 @@ def serve(req, state, seq, conn):
             # The next call's scratch dir, made while nothing else runs here. (A worker whose
             # cleanup was not clean gets a reap, which drops it.)
             try:
-                state["spare"] = make_scratch(seq + 1000000000)
+                state["scratch"] = make_scratch(seq + 1000000000)
             except OSError:
-                state["spare"] = None
-            try:
-                return {"results": [], "clean": True, "survivors": [], "spare": fork_spare()}
-            except OSError:
-                pass
+                state["scratch"] = None
         return {"results": [], "clean": clean, "survivors": [] if clean else survivors()}
     return {"results": results, "clean": clean, "survivors": [] if clean else survivors()}
 

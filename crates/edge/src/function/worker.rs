@@ -119,10 +119,6 @@ pub struct ServerAnswer {
     /// An `early` answer: the cleanup's own answer follows.
     #[serde(default)]
     pub pending: bool,
-    /// Pid (in the worker's pid namespace) of the child the server forked ahead for the next
-    /// run; it runs no call code yet and is not a leftover.
-    #[serde(default)]
-    pub spare: Option<i32>,
 }
 
 /// Memory measured around one exchange.
@@ -164,8 +160,6 @@ pub struct Worker {
     cur_pids: Option<u64>,
     /// The cgroup's OOM-kill counter as last read (before the next call).
     oom_seen: u64,
-    /// The server's spare child (pid in the worker's namespace), per its last answer.
-    spare_ns: Option<i32>,
     pub calls: u64,
     pub created: Instant,
 }
@@ -238,7 +232,6 @@ impl WorkerFactory {
                     cur_limit: None,
                     cur_pids: None,
                     oom_seen,
-                    spare_ns: None,
                     calls: 0,
                     created: Instant::now(),
                 })
@@ -379,8 +372,6 @@ impl Worker {
             .map_err(|e| format!("read the fork-server's answer: {e}"))?;
         let ans = serde_json::from_slice::<ServerAnswer>(&buf)
             .map_err(|e| format!("bad answer from the fork-server: {e}"))?;
-        // Every request but an `early` run's cleanup uses up or kills the spare.
-        self.spare_ns = ans.spare.filter(|p| *p > 1);
         Ok(ans)
     }
 
@@ -445,13 +436,12 @@ impl Worker {
         user_pids(&self.sandbox).len()
     }
 
-    /// Host pids in the user cgroup other than the fork-server, its spare child (and aether).
+    /// Host pids in the user cgroup other than the fork-server (and aether).
     pub fn strays(&self) -> Vec<i32> {
         let aether = self.sandbox.pid();
         user_pids(&self.sandbox)
             .into_iter()
             .filter(|p| Some(*p) != self.server_pid && *p != aether)
-            .filter(|p| self.spare_ns.is_none() || ns_pid(*p) != self.spare_ns)
             .collect()
     }
 
@@ -565,18 +555,6 @@ fn is_forkserver(pid: i32) -> bool {
     std::fs::read(format!("/proc/{pid}/cmdline"))
         .map(|c| c.starts_with(b"python3\0-I\0-c\0"))
         .unwrap_or(false)
-}
-
-/// A host process's pid in its own (innermost) pid namespace (`NSpid` of its status).
-fn ns_pid(host_pid: i32) -> Option<i32> {
-    let status = std::fs::read_to_string(format!("/proc/{host_pid}/status")).ok()?;
-    status
-        .lines()
-        .find_map(|l| l.strip_prefix("NSpid:"))?
-        .split_whitespace()
-        .last()?
-        .parse()
-        .ok()
 }
 
 fn remove_dir(dir: &Path) -> std::io::Result<()> {
