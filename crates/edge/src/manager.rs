@@ -403,7 +403,13 @@ pub struct Manager {
     fullvm: std::sync::OnceLock<Result<Arc<dyn Driver>, String>>,
     /// QoS capabilities and admission books (issue 10).
     qos: crate::qos::Qos,
+    /// `cfg` as admission sees it: see [`Manager::admission_cfg`].
+    admission_cfg: Mutex<(Option<Instant>, Arc<EdgeConfig>)>,
 }
+
+/// How long admission reuses the machine's CPU count and `MemTotal` (when the config does not
+/// set them) before reading them again.
+const MACHINE_TOTALS_TTL: std::time::Duration = std::time::Duration::from_secs(1);
 
 impl Manager {
     pub fn new(
@@ -420,6 +426,7 @@ impl Manager {
         Self {
             traj,
             net: crate::network::Network::new(cfg.network.clone()),
+            admission_cfg: Mutex::new((None, cfg.clone())),
             cfg,
             driver,
             images,
@@ -757,6 +764,26 @@ impl Manager {
 
     /// Admission: capacity, CPU and memory (with overcommit), idempotency. Reserves on success;
     /// returns the existing sandbox for a repeated idempotency key.
+    /// The config with the machine's CPU count and memory filled in where it sets none, read
+    /// at most every [`MACHINE_TOTALS_TTL`]: reading them (`/proc/meminfo`, and the affinity
+    /// mask and cgroup files behind `available_parallelism`) on every create was ~2% of the
+    /// node's CPU per sandbox. A change of the machine (memory hot-plug, a balloon, a new CPU
+    /// quota) is seen within that period.
+    fn admission_cfg(&self) -> Arc<EdgeConfig> {
+        if self.cfg.cpu_cores_total.is_some() && self.cfg.memory_mb_total.is_some() {
+            return self.cfg.clone();
+        }
+        let mut cached = lock(&self.admission_cfg);
+        if cached.0.is_some_and(|t| t.elapsed() < MACHINE_TOTALS_TTL) {
+            return cached.1.clone();
+        }
+        let mut c = (*self.cfg).clone();
+        c.cpu_cores_total = Some(self.cfg.cpu_total());
+        c.memory_mb_total = Some(self.cfg.memory_total_mb());
+        *cached = (Some(Instant::now()), Arc::new(c));
+        cached.1.clone()
+    }
+
     fn admit(
         &self,
         id: &str,
@@ -788,7 +815,7 @@ impl Manager {
         }
         // Memory and CPU: overcommit by measured usage with a latency-sensitive floor.
         self.qos
-            .admit(&self.cfg, id, v.qos, v.memory_mb, v.cpu)
+            .admit(&self.admission_cfg(), id, v.qos, v.memory_mb, v.cpu)
             .map_err(|r| {
                 EdgeError::NodeFull(format!(
                     "node {node} is full for a {:?} sandbox: {r}",
