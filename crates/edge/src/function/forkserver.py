@@ -110,16 +110,16 @@ def kill_everything():
 
 def wipe(path, keep_self=False):
     try:
-        names = os.listdir(path)
+        entries = list(os.scandir(path))
     except OSError:
         return
-    for n in names:
-        p = os.path.join(path, n)
+    for e in entries:
+        p = e.path
         if p == SCRATCH_ROOT and keep_self:
             wipe(p)
             continue
         try:
-            if os.path.isdir(p) and not os.path.islink(p):
+            if e.is_dir(follow_symlinks=False):
                 wipe(p)
                 os.rmdir(p)
             else:
@@ -134,9 +134,6 @@ def child(run, stdin_fd, out_fd, err_fd, scratch, cpu_ms, fsize):
         for fd, target in ((stdin_fd, 0), (out_fd, 1), (err_fd, 2)):
             os.dup2(fd, target)
         os.closerange(3, 65536)
-        signal.signal(signal.SIGPIPE, signal.SIG_DFL)
-        signal.signal(signal.SIGXFSZ, signal.SIG_DFL)
-        signal.signal(signal.SIGINT, signal.SIG_DFL)
         try:
             fd = os.open("/proc/self/oom_score_adj", os.O_WRONLY)
             os.write(fd, b"1000")
@@ -146,15 +143,20 @@ def child(run, stdin_fd, out_fd, err_fd, scratch, cpu_ms, fsize):
         os.setgroups([])
         os.setgid(NOBODY)
         os.setuid(NOBODY)
-        os.chdir(scratch)
         secs = max(1, (cpu_ms + 999) // 1000)
         resource.setrlimit(resource.RLIMIT_CPU, (secs, secs + 1))
         resource.setrlimit(resource.RLIMIT_FSIZE, (fsize + 1, fsize + 1))
-        resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
         if run["kind"] == "python":
             path = run["code_path"]
-            with open(path, "rb") as f:
-                src = f.read()
+            fd = os.open(path, os.O_RDONLY)
+            chunks = []
+            while True:
+                b = os.read(fd, 1 << 20)
+                if not b:
+                    break
+                chunks.append(b)
+            os.close(fd)
+            src = b"".join(chunks)
             sys.argv = [path] + list(run.get("args", []))
             sys.stdin = io.TextIOWrapper(io.BufferedReader(io.FileIO(0, "r", closefd=False)))
             sys.stdout = io.TextIOWrapper(io.BufferedWriter(io.FileIO(1, "w", closefd=False)), write_through=False)
@@ -246,6 +248,9 @@ def run_once(step, scratch, kill=True):
     }, clean
 
 
+ENV = None  # the environment last set in os.environ (None: the one the server started with)
+
+
 def fresh_scratch():
     """The call's scratch dir, emptied by the previous call's cleanup (`Call.finish` fails the
     cleanup if anything is left in it) and reset here: owner, mode, extended attributes (ACLs
@@ -266,6 +271,7 @@ def fresh_scratch():
 class Call:
     def __init__(self, begin):
         self.scratch = fresh_scratch()
+        os.chdir(self.scratch)  # the server's cwd: inherited by the runs
         self.env = {
             "PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
             "HOME": self.scratch,
@@ -275,9 +281,13 @@ class Call:
         }
         self.env.update(begin.get("env", {}))
         # The server's own environment becomes the call's: a forked run inherits it (both
-        # os.environ and the C environ), with no per-run work in the child.
-        os.environ.clear()
-        os.environ.update(self.env)
+        # os.environ and the C environ), with no per-run work in the child. Only a child can
+        # change its copy, so the server's stays as set here until the next call that differs.
+        global ENV
+        if self.env != ENV:
+            os.environ.clear()
+            os.environ.update(self.env)
+            ENV = dict(self.env)
         for rel, b64 in begin.get("files", {}).items():
             parts = [x for x in rel.split("/") if x not in ("", ".")]
             if not parts or ".." in parts:
@@ -349,6 +359,11 @@ def serve(req, state, conn):
 def main():
     sock_path = sys.argv[1]
     _libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
+    # Inherited by every run, so set once here: no core dumps; SIGPIPE and SIGXFSZ (the output
+    # limit) kill, as in a plain process (Python ignores both); SIGINT not Python's handler.
+    resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+    for sig in (signal.SIGPIPE, signal.SIGXFSZ, signal.SIGINT):
+        signal.signal(sig, signal.SIG_DFL)
     os.makedirs(SCRATCH_ROOT, 0o711, exist_ok=True)
     os.chmod(SCRATCH_ROOT, 0o711)
     os.makedirs(os.path.dirname(sock_path), 0o700, exist_ok=True)
