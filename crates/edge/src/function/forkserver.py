@@ -256,10 +256,8 @@ def fresh_scratch():
     cleanup if anything is left in it) and reset here: owner, mode, extended attributes (ACLs
     included) and times. One dir reused on the overlay's ext4 upper layer instead of a mkdir and
     rmdir per call (inode and block allocation, and a discard per freed dir block)."""
-    try:
+    if not os.path.isdir(SCRATCH):
         os.mkdir(SCRATCH, 0o700)
-    except FileExistsError:
-        pass
     os.chown(SCRATCH, NOBODY, NOBODY, follow_symlinks=False)
     os.chmod(SCRATCH, 0o700)
     for name in os.listxattr(SCRATCH):
@@ -285,6 +283,7 @@ class Call:
         # change its copy, so the server's stays as set here until the next call that differs.
         global ENV
         if self.env != ENV:
+            ENV = None  # until set in full (an update that fails leaves a mix)
             os.environ.clear()
             os.environ.update(self.env)
             ENV = dict(self.env)

@@ -361,9 +361,14 @@ impl Functions {
                 self.cfg.worker_pids - 1
             ));
         }
-        for (k, _) in req.env.iter() {
+        for (k, v) in req.env.iter() {
             if k.is_empty() || k.contains('=') || k.contains('\0') {
                 return bad(format!("bad environment variable name {k:?}"));
+            }
+            if v.contains('\0') {
+                return bad(format!(
+                    "environment variable {k:?} has a NUL byte in its value"
+                ));
             }
         }
         for path in req.files.keys() {
