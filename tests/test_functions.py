@@ -88,6 +88,42 @@ echo pwd=$(pwd)
     assert b.stdout == "None False False\n", b
 
 
+def test_reused_scratch_dir_is_reset(client, warm):
+    """A worker reuses one scratch dir; whatever a call does to it (mode, xattrs, times, an
+    unreadable subtree, a symlink, a fifo) is gone for the next call on the same worker."""
+    first = call(client, "bash", """
+python3 - <<'PY'
+import os
+os.makedirs('locked/deep')
+open('locked/deep/f', 'w').write('x')
+os.chmod('locked/deep', 0)
+os.chmod('locked', 0)
+os.symlink('/etc/passwd', 'link')
+os.mkfifo('fifo')
+try:
+    os.setxattr('.', 'user.leak', b'1')
+    print('xattr set')
+except OSError as e:
+    print('xattr', e)
+os.chmod('.', 0o777)
+os.utime('.', (946684800, 946684800))
+print('ok')
+PY
+""")
+    assert first.status == "ok" and "ok" in first.stdout, first
+    assert wait_until(lambda: all(p["busy"] == 0 for p in client.function_pools() if p["language"] == "bash"), 10), \
+        client.function_pools()
+    second = call(client, "bash", """
+python3 - <<'PY'
+import os, stat
+st = os.stat('.')
+print(oct(stat.S_IMODE(st.st_mode)), os.listxattr('.'), sorted(os.listdir('.')), st.st_mtime > 946684800 + 86400)
+PY
+""")
+    assert second.worker == first.worker, "the two calls must run on the same warm worker"
+    assert second.status == "ok" and second.stdout == "0o700 [] ['main.sh'] True\n", (first, second)
+
+
 CASES = [{"stdin": "2 3\n", "expected": "5"}, {"stdin": "10 -4\n", "expected": "6\n"}]
 
 
