@@ -2,8 +2,10 @@
 
     python3 bench/functions.py [--n 500] [--conc 8] [--cold-n 30] [--toolkit gxx]
 
-Needs a running dsec (DSEC_API_URL / DSEC_API_KEY) with the `debian` image (and, for C++, a
-toolkit layer with g++: see tests/test_functions.py::_gxx_toolkit). Cases, in one run:
+Needs a running dsec (DSEC_API_URL / DSEC_API_KEY) with the `debian` image. For C++ it needs a
+toolkit layer with g++ (`--toolkit`, default `gxx`): when the node has none of that name, the
+bench builds one from the host's g++ packages (tests/helpers.py::gxx_toolkit_tree) and imports
+it with `dsec image import` (DSEC_BIN, default target/release/dsec). Cases, in one run:
 - warm python `print(sum(range(100)))`: latency (sequential, end to end through the apiserver)
   and sustained calls/s (`--conc` concurrent clients);
 - warm python through one batch request (`call_functions`, POST /v1/functions/batch): calls/s
@@ -30,6 +32,9 @@ import subprocess
 import time
 from concurrent.futures import ThreadPoolExecutor
 
+import sys
+import tempfile
+
 from common import debian_rootfs, print_table, summary, write_results
 from dsec import DSecClient, DSecContainerRunArgs
 
@@ -38,6 +43,27 @@ CPP = "#include <iostream>\nint main(){long s=0;for(int i=0;i<100;i++)s+=i;std::
 
 
 TCK = os.sysconf("SC_CLK_TCK")
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+async def ensure_toolkit(c, name: str) -> None:
+    """Imports the g++ toolkit layer `name` when the node does not have it yet."""
+    if any(i.name.split(":")[0] == name for i in await c.list_images()):
+        return
+    sys.path.insert(0, os.path.join(REPO, "tests"))
+    from helpers import gxx_toolkit_tree
+
+    root = tempfile.mkdtemp(prefix="bench-gxx-")
+    try:
+        why = gxx_toolkit_tree(root)
+        if why:
+            raise RuntimeError(why)
+        dsec_bin = os.environ.get("DSEC_BIN", os.path.join(REPO, "target", "release", "dsec"))
+        print(f"importing the g++ toolkit layer as {name} ...", flush=True)
+        subprocess.run([dsec_bin, "image", "import", name, "--dir", root], check=True,
+                       stdout=subprocess.DEVNULL)
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
 
 
 def _proc_cpu(stat_path, children=False):
@@ -189,6 +215,7 @@ async def main():
         data["warm_python_batch_calls_per_s"] = round(batch_rate, 1)
         cpp = None
         try:
+            await ensure_toolkit(c, a.toolkit)
             await c.call_function("cpp", CPP, toolkits=[a.toolkit])
             cpp = await latency(c, max(a.n // 10, 20), language="cpp", code=CPP, toolkits=[a.toolkit])
             rows.append(summary("warm C++ compile+run, sequential", cpp))

@@ -357,6 +357,30 @@ def sh(sb, cmd: str, **kw) -> str:
     return r.stdout
 
 
+def gxx_toolkit_tree(root: str) -> Optional[str]:
+    """Copies the host's g++ (Debian packages g++-12, g++, libstdc++-12-dev) into `root`, a
+    toolkit layer tree for C++ function calls (the cached debian image has only gcc). Returns
+    why it cannot, or None."""
+    if shutil.which("dpkg") is None:
+        return "dpkg absent: cannot build the g++ toolkit layer"
+    files = []
+    for pkg in ("g++-12", "g++", "libstdc++-12-dev"):
+        p = subprocess.run(["dpkg", "-L", pkg], capture_output=True, text=True)
+        if p.returncode != 0:
+            return f"host package {pkg} is not installed: cannot build the g++ toolkit layer"
+        files += [line for line in p.stdout.splitlines() if line.startswith("/")]
+    for f in files:
+        if os.path.isdir(f) and not os.path.islink(f):
+            os.makedirs(root + f, exist_ok=True)
+        elif os.path.lexists(f):
+            os.makedirs(os.path.dirname(root + f), exist_ok=True)
+            if os.path.islink(f):
+                os.symlink(os.readlink(f), root + f)
+            else:
+                shutil.copy2(f, root + f)
+    return None
+
+
 def wait_until(pred, timeout: float = 10.0, interval: float = 0.1) -> bool:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:

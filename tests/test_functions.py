@@ -6,15 +6,13 @@ Every call goes through the real apiserver → edge → warm worker container pa
 from __future__ import annotations
 
 import asyncio
-import os
 import shutil
-import subprocess
 import tempfile
 
 import httpx
 import pytest
 
-from helpers import dsec_cgroups, mounts_under, wait_until
+from helpers import dsec_cgroups, gxx_toolkit_tree, mounts_under, wait_until
 
 
 def call(client, language, code, **kw):
@@ -93,7 +91,6 @@ def test_reused_scratch_dir_is_reset(client, warm):
     unreadable subtree, a symlink, a fifo) is gone for the next call on the same worker."""
     first = call(client, "bash", """
 python3 - <<'PY'
-import os
 os.makedirs('locked/deep')
 open('locked/deep/f', 'w').write('x')
 os.chmod('locked/deep', 0)
@@ -170,25 +167,11 @@ def test_fork_bomb_and_cpu_limit(client, warm):
 
 def _gxx_toolkit(node) -> str:
     """A toolkit layer with the C++ compiler (the cached debian image has only gcc)."""
-    if shutil.which("dpkg") is None:
-        pytest.skip("dpkg absent: cannot build the g++ toolkit layer")
-    files = []
-    for pkg in ("g++-12", "g++", "libstdc++-12-dev"):
-        p = subprocess.run(["dpkg", "-L", pkg], capture_output=True, text=True)
-        if p.returncode != 0:
-            pytest.skip(f"host package {pkg} is not installed: cannot build the g++ toolkit layer")
-        files += [l for l in p.stdout.splitlines() if l.startswith("/")]
     root = tempfile.mkdtemp(prefix="gxx-")
     try:
-        for f in files:
-            if os.path.isdir(f) and not os.path.islink(f):
-                os.makedirs(root + f, exist_ok=True)
-            elif os.path.lexists(f):
-                os.makedirs(os.path.dirname(root + f), exist_ok=True)
-                if os.path.islink(f):
-                    os.symlink(os.readlink(f), root + f)
-                else:
-                    shutil.copy2(f, root + f)
+        why = gxx_toolkit_tree(root)
+        if why:
+            pytest.skip(why)
         node.cli("image", "import", "gxx", "--dir", root, timeout=600)
     finally:
         shutil.rmtree(root, ignore_errors=True)
