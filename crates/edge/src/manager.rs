@@ -742,8 +742,9 @@ impl Manager {
                 self.metrics
                     .create_seconds
                     .observe(started.elapsed().as_secs_f64());
+                let pid = entry.sandbox.pid();
                 self.watch(entry);
-                tracing::info!(sandbox = %id, image = %info.image, create_ms = info.create_ms, "sandbox created");
+                tracing::info!(sandbox = %id, image = %info.image, pid, create_ms = info.create_ms, "sandbox created");
                 Ok(info)
             }
             Err(e) => {
@@ -1022,7 +1023,7 @@ impl Manager {
     }
 
     async fn teardown(&self, entry: &Arc<Entry>, why: End) -> SandboxInfo {
-        let oom_kills = entry.sandbox.usage().oom_kills;
+        let oom_kills = entry.sandbox.oom_kills();
         lock(&entry.info).state = SandboxState::Stopping;
         let mut problems = Vec::new();
         let t0 = Instant::now();
@@ -1118,7 +1119,12 @@ impl Manager {
         }
         self.metrics.sandboxes_running.dec();
         crate::trajectory::hooks::end(&self.traj, &info);
-        tracing::info!(sandbox = %entry.id, state = ?info.state, "sandbox ended");
+        tracing::info!(
+            sandbox = %entry.id,
+            state = ?info.state,
+            destroy_ms = ms(destroyed),
+            "sandbox ended"
+        );
         info
     }
 
@@ -1547,13 +1553,13 @@ impl Manager {
         stream: bool,
     ) -> Result<CommandReply, EdgeError> {
         let e = busy.0.clone();
-        let oom_before = e.sandbox.usage().oom_kills;
+        let oom_before = e.sandbox.oom_kills();
         let chan = |err| EdgeError::from_channel(&e.id, Subject::Other, err);
         let timeout_ms = commands::request_timeout_ms(&r);
         let call = e.aether.call(r, stdin).await.map_err(chan)?;
         if stream {
             let probe_entry = e.clone();
-            let probe: commands::OomProbe = Arc::new(move || probe_entry.sandbox.usage().oom_kills);
+            let probe: commands::OomProbe = Arc::new(move || probe_entry.sandbox.oom_kills());
             let s = commands::stream_call(e.aether.clone(), call, e.id.clone(), probe, oom_before);
             // The sandbox stays busy until the stream ends.
             let s = futures::StreamExt::map(s, move |chunk| {
@@ -1564,7 +1570,7 @@ impl Manager {
         }
         let deadline = std::time::Duration::from_millis(timeout_ms) + commands::AGENT_GRACE;
         let out = commands::collect_call(e.aether.clone(), call, &e.id, deadline).await?;
-        let oom = e.sandbox.usage().oom_kills > oom_before;
+        let oom = e.sandbox.oom_kills() > oom_before;
         Ok(CommandReply::Done(commands::output_result(&out, oom)))
     }
 

@@ -70,6 +70,12 @@ pub trait LiveSandbox: Send + Sync + 'static {
     fn aether(&self) -> &AetherClient;
     fn pid(&self) -> i32;
     fn usage(&self) -> Usage;
+    /// How many times the memory limit OOM-killed a process in this sandbox: what each command
+    /// needs to flag `oom_killed`. Substrates that can read the counter alone override this
+    /// (a container reads one cgroup file instead of [`LiveSandbox::usage`]'s several).
+    fn oom_kills(&self) -> u64 {
+        self.usage().oom_kills
+    }
     /// Kills everything and removes the substrate's kernel objects and directories. Idempotent.
     fn destroy(&self) -> BoxFut<'_, Result<(), DestroySandboxError>>;
     /// Resolves when the sandbox is gone on its own: its init exited or its channel closed.
@@ -175,6 +181,11 @@ impl LiveSandbox for ContainerLive {
 
     fn usage(&self) -> Usage {
         self.sandbox.usage()
+    }
+
+    fn oom_kills(&self) -> u64 {
+        // v1 `memory.oom_control` / v2 `memory.events`, the `oom_kill` line only.
+        self.sandbox.cgroup().oom_kills().unwrap_or(0)
     }
 
     fn destroy(&self) -> BoxFut<'_, Result<(), DestroySandboxError>> {

@@ -418,7 +418,8 @@ impl Substrate for ContainerSubstrate {
         let dirs = SandboxDirs::new(&spec.dir);
         match self.start(&spec, &cgroup, &dirs).await {
             Ok(Started { process, client }) => {
-                tracing::info!(sandbox = %id, pid = process.pid, "container started");
+                // The edge logs "sandbox created" (with the pid) at INFO.
+                tracing::debug!(sandbox = %id, pid = process.pid, "container started");
                 let mnt_ns = mntns::MountNsHold::open(process.pid, &id);
                 Ok(ContainerSandbox {
                     id,
@@ -480,7 +481,8 @@ impl Substrate for ContainerSubstrate {
             .await
             .map_err(|e| io_err("remove cgroup and dirs", e))?;
         let ms = |d: Duration| d.as_secs_f64() * 1e3;
-        tracing::info!(
+        // The edge logs "sandbox ended" (with the whole destroy's time) at INFO.
+        tracing::debug!(
             sandbox = %sb.id,
             exit_ms = ms(exited),
             kill_ms = ms(killed - exited),
