@@ -927,7 +927,12 @@ impl Manager {
             protected_paths: req.protected_paths.clone(),
             disk_limit_mb,
         };
-        let sandbox = match driver.create(spec).await {
+        // A best-effort agent starts SCHED_IDLE (the container's spawn sets it before the exec),
+        // so no process of the sandbox ever runs as SCHED_OTHER; `qos::apply` below checks it.
+        let opts = crate::substrate::CreateOptions {
+            sched_idle: matches!(v.qos, dsec_wire::api::QosClass::BestEffort),
+        };
+        let sandbox = match driver.create_with(spec, opts).await {
             Ok(s) => s,
             Err(e) => {
                 let err = EdgeError::from_create(e);
@@ -952,6 +957,15 @@ impl Manager {
             v.qos,
             sandbox.pid(),
         );
+        if let Ok(a) = &qos {
+            if opts.sched_idle && info.substrate == Substrate::Container && a.not_idle_before > 0 {
+                tracing::warn!(
+                    sandbox = %id,
+                    tasks = a.not_idle_before,
+                    "best-effort container had processes not SCHED_IDLE after spawn (fixed now)"
+                );
+            }
+        }
         info.state = SandboxState::Running;
         info.create_ms = Some(started.elapsed().as_secs_f64() * 1000.0);
         info.boot = sandbox.boot_kind().map(str::to_string);

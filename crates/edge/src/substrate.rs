@@ -14,13 +14,22 @@ use std::path::PathBuf;
 use dsec_runtime::aether_client::AetherClient;
 use dsec_runtime::container::adopt::AdoptError;
 use dsec_runtime::container::pause::PauseError;
-use dsec_runtime::container::{ContainerSandbox, ContainerSubstrate};
+use dsec_runtime::container::{ContainerSandbox, ContainerSubstrate, SchedClass};
 use dsec_runtime::substrate::{
     CreateSandboxError, DestroySandboxError, Sandbox, SandboxSpec, Substrate as _, Usage,
 };
 use dsec_wire::api::PauseReport;
 
 pub type BoxFut<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
+
+/// What a create asks of the substrate beyond the [`SandboxSpec`].
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct CreateOptions {
+    /// Start the sandbox's agent SCHED_IDLE with RLIMIT_NICE 0/0 (best-effort QoS), so that
+    /// it and everything it forks inherit both from the first instruction on. Substrates that
+    /// cannot do this ignore it; the edge's QoS pass after the create covers them.
+    pub sched_idle: bool,
+}
 
 /// A kind of sandbox, as the edge uses it.
 pub trait Driver: Send + Sync + 'static {
@@ -31,6 +40,14 @@ pub trait Driver: Send + Sync + 'static {
         &self,
         spec: SandboxSpec,
     ) -> BoxFut<'_, Result<Box<dyn LiveSandbox>, CreateSandboxError>>;
+    /// [`Driver::create`] with [`CreateOptions`] (the default ignores them).
+    fn create_with(
+        &self,
+        spec: SandboxSpec,
+        _opts: CreateOptions,
+    ) -> BoxFut<'_, Result<Box<dyn LiveSandbox>, CreateSandboxError>> {
+        self.create(spec)
+    }
     /// Removes leftovers of an earlier run; returns the ids cleaned.
     fn reap_orphans(&self, known_live: Vec<String>) -> BoxFut<'_, Vec<String>>;
     /// Takes over a sandbox an earlier run of the edge started (after a crash): `dir` is its
@@ -137,8 +154,21 @@ impl Driver for ContainerDriver {
         &self,
         spec: SandboxSpec,
     ) -> BoxFut<'_, Result<Box<dyn LiveSandbox>, CreateSandboxError>> {
+        self.create_with(spec, CreateOptions::default())
+    }
+
+    fn create_with(
+        &self,
+        spec: SandboxSpec,
+        opts: CreateOptions,
+    ) -> BoxFut<'_, Result<Box<dyn LiveSandbox>, CreateSandboxError>> {
+        let sched = if opts.sched_idle {
+            SchedClass::Idle
+        } else {
+            SchedClass::Inherit
+        };
         Box::pin(async move {
-            let sandbox = self.inner.create(spec).await?;
+            let sandbox = self.inner.create_with(spec, sched).await?;
             Ok(Box::new(ContainerLive {
                 substrate: self.inner.clone(),
                 sandbox,

@@ -1,5 +1,9 @@
 //! Applies a sandbox's QoS class to its processes and cgroup, right after the substrate started
 //! its agent and before any user command runs (children inherit the policy and the cookie).
+//! A container's best-effort agent already starts SCHED_IDLE (its spawn child sets policy and
+//! RLIMIT_NICE before exec, see `CreateOptions::sched_idle`); the scheduler pass here is then a
+//! check that counts every task it found not idle ([`Applied::not_idle_before`]), and the one
+//! mechanism for substrates that cannot start idle.
 //!
 //! * best-effort: every thread of the agent gets SCHED_IDLE; `RLIMIT_NICE` is set to 0/0 so
 //!   nothing inside can switch back to SCHED_OTHER (that needs the nice range of RLIMIT_NICE or
@@ -34,6 +38,9 @@ pub enum ApplyError {
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct Applied {
     pub sched_idle_tasks: usize,
+    /// Processes of a best-effort sandbox (the agent included) the pass found not SCHED_IDLE
+    /// before it set them: 0 when the substrate started the agent idle.
+    pub not_idle_before: usize,
     pub cgroup: Option<String>,
     pub core_cookie: bool,
 }
@@ -50,6 +57,13 @@ fn threads(pid: i32) -> Vec<i32> {
 
 fn last_errno() -> String {
     errno_name(std::io::Error::last_os_error().raw_os_error().unwrap_or(0))
+}
+
+/// Whether task `tid` is SCHED_IDLE now (`None`: it is gone).
+fn is_idle(tid: i32) -> Option<bool> {
+    // SAFETY: sched_getscheduler takes a plain tid.
+    let p = unsafe { libc::sched_getscheduler(tid) };
+    (p >= 0).then_some(p & !libc::SCHED_RESET_ON_FORK == libc::SCHED_IDLE)
 }
 
 /// Sets SCHED_IDLE on every thread of `pid` and pins its RLIMIT_NICE to 0.
@@ -136,6 +150,9 @@ pub fn apply(
             // flight during the first pass (its policy copied from the agent before the agent
             // was set, the child not yet listed) is listed by the second.
             if pid > 1 {
+                if is_idle(pid) == Some(false) {
+                    out.not_idle_before += 1;
+                }
                 out.sched_idle_tasks += sched_idle(pid)?;
             }
             let mut done = vec![pid];
@@ -149,6 +166,9 @@ pub fn apply(
                         continue;
                     }
                     done.push(p);
+                    if is_idle(p) == Some(false) {
+                        out.not_idle_before += 1;
+                    }
                     match sched_idle(p) {
                         Ok(n) => out.sched_idle_tasks += n,
                         // A process of the sandbox that exited meanwhile.

@@ -39,6 +39,7 @@ use crate::substrate::{
 };
 
 pub use pidfd::AetherExit;
+pub use spawn::SchedClass;
 
 /// How long aether may take to answer `Setup`.
 pub const SETUP_TIMEOUT: Duration = Duration::from_secs(10);
@@ -72,6 +73,73 @@ pub struct ContainerSubstrate {
 }
 
 impl ContainerSubstrate {
+    /// [`Substrate::create`] with the scheduling class the container's processes start in
+    /// (set by the spawn child before aether execs, inherited by everything it forks).
+    pub async fn create_with(
+        &self,
+        spec: SandboxSpec,
+        sched: SchedClass,
+    ) -> Result<ContainerSandbox, CreateSandboxError> {
+        validate_spec(&spec)?;
+        let id = spec.id.clone();
+        let limits = Limits {
+            memory_bytes: spec.memory_limit_mb.saturating_mul(1 << 20),
+            cpu_cores: spec.cpu_cores_limit,
+            pids: spec.pids_limit,
+        };
+        let root = self.cgroup_root.clone();
+        let parent = self.config.cgroup_parent.clone();
+        let cg_id = id.clone();
+        let cgroup =
+            tokio::task::spawn_blocking(move || Cgroup::create(&root, &parent, &cg_id, &limits))
+                .await
+                .map_err(|e| CreateSandboxError::Cgroup {
+                    id: id.clone(),
+                    source: io::Error::other(e),
+                })?
+                .map_err(|e| CreateSandboxError::Cgroup {
+                    id: id.clone(),
+                    source: io::Error::other(e),
+                })?;
+        let dirs = SandboxDirs::new(&spec.dir);
+        match self.start(&spec, &cgroup, &dirs, sched).await {
+            Ok(Started { process, client }) => {
+                // The edge logs "sandbox created" (with the pid) at INFO.
+                tracing::debug!(sandbox = %id, pid = process.pid, "container started");
+                let mnt_ns = mntns::MountNsHold::open(process.pid, &id);
+                Ok(ContainerSandbox {
+                    id,
+                    process,
+                    client,
+                    cgroup,
+                    dirs,
+                    mnt_ns: std::sync::Mutex::new(mnt_ns),
+                })
+            }
+            Err((error, process)) => {
+                tracing::warn!(sandbox = %id, error = %error, "container create failed, rolling back");
+                let mut cleanup = Vec::new();
+                if let Some(p) = process {
+                    if let Err(e) = p.kill().await {
+                        cleanup.push(e);
+                    }
+                }
+                if let Err(e) = teardown(cgroup, dirs).await {
+                    cleanup.push(e);
+                }
+                if cleanup.is_empty() {
+                    Err(error)
+                } else {
+                    Err(CreateSandboxError::WithCleanup {
+                        id,
+                        error: Box::new(error),
+                        cleanup: cleanup.join("; "),
+                    })
+                }
+            }
+        }
+    }
+
     /// A substrate using the host's cgroup hierarchy at `/sys/fs/cgroup` and the default masks.
     /// Turns the node's `favordynmods` setting on (once per process, see
     /// [`crate::cgroup::favor`]): cgroup moves of every create then skip an RCU grace period.
@@ -157,6 +225,7 @@ impl ContainerSubstrate {
         spec: &SandboxSpec,
         cgroup: &Cgroup,
         dirs: &SandboxDirs,
+        sched: SchedClass,
     ) -> Result<Started, (CreateSandboxError, Option<Process>)> {
         let setup = self.setup_for(spec, dirs).map_err(|e| (e, None))?;
         dirs.create()
@@ -190,6 +259,7 @@ impl ContainerSubstrate {
                 listener.as_ref().map(|l| l.as_fd()),
                 user_procs.as_deref(),
                 netns.as_deref().map(|n| n.as_fd()),
+                sched,
             );
             drop(theirs);
             drop(listener);
@@ -394,64 +464,7 @@ impl Substrate for ContainerSubstrate {
     }
 
     async fn create(&self, spec: SandboxSpec) -> Result<ContainerSandbox, CreateSandboxError> {
-        validate_spec(&spec)?;
-        let id = spec.id.clone();
-        let limits = Limits {
-            memory_bytes: spec.memory_limit_mb.saturating_mul(1 << 20),
-            cpu_cores: spec.cpu_cores_limit,
-            pids: spec.pids_limit,
-        };
-        let root = self.cgroup_root.clone();
-        let parent = self.config.cgroup_parent.clone();
-        let cg_id = id.clone();
-        let cgroup =
-            tokio::task::spawn_blocking(move || Cgroup::create(&root, &parent, &cg_id, &limits))
-                .await
-                .map_err(|e| CreateSandboxError::Cgroup {
-                    id: id.clone(),
-                    source: io::Error::other(e),
-                })?
-                .map_err(|e| CreateSandboxError::Cgroup {
-                    id: id.clone(),
-                    source: io::Error::other(e),
-                })?;
-        let dirs = SandboxDirs::new(&spec.dir);
-        match self.start(&spec, &cgroup, &dirs).await {
-            Ok(Started { process, client }) => {
-                // The edge logs "sandbox created" (with the pid) at INFO.
-                tracing::debug!(sandbox = %id, pid = process.pid, "container started");
-                let mnt_ns = mntns::MountNsHold::open(process.pid, &id);
-                Ok(ContainerSandbox {
-                    id,
-                    process,
-                    client,
-                    cgroup,
-                    dirs,
-                    mnt_ns: std::sync::Mutex::new(mnt_ns),
-                })
-            }
-            Err((error, process)) => {
-                tracing::warn!(sandbox = %id, error = %error, "container create failed, rolling back");
-                let mut cleanup = Vec::new();
-                if let Some(p) = process {
-                    if let Err(e) = p.kill().await {
-                        cleanup.push(e);
-                    }
-                }
-                if let Err(e) = teardown(cgroup, dirs).await {
-                    cleanup.push(e);
-                }
-                if cleanup.is_empty() {
-                    Err(error)
-                } else {
-                    Err(CreateSandboxError::WithCleanup {
-                        id,
-                        error: Box::new(error),
-                        cleanup: cleanup.join("; "),
-                    })
-                }
-            }
-        }
+        self.create_with(spec, SchedClass::Inherit).await
     }
 
     async fn destroy(&self, sb: &ContainerSandbox) -> Result<(), DestroySandboxError> {

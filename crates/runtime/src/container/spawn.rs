@@ -9,7 +9,9 @@
 //! everything it needs (paths, argv, envp, the opened `cgroup.procs` files) is prepared before
 //! the clone, and the child does nothing but join the cgroups, unshare its cgroup namespace,
 //! put the channel on fd 3 (and the user cgroup's `cgroup.procs` on fd 5: aether moves every
-//! command it forks there), reset its signal handlers and mask, and exec. All signals are
+//! command it forks there), for a best-effort sandbox switch itself to SCHED_IDLE with an
+//! RLIMIT_NICE of 0/0 (so aether and everything it ever forks start idle, with no window for a
+//! fork to escape), reset its signal handlers and mask, and exec. All signals are
 //! blocked around the clone so that no handler of the edge runs on the child's stack.
 //! Failures are reported to the parent through a close-on-exec pipe (EOF there means the exec
 //! succeeded).
@@ -42,6 +44,8 @@ const STEP_SIGNALS: u8 = 4;
 const STEP_EXEC: u8 = 5;
 const STEP_USER_CGROUP: u8 = 6;
 const STEP_NETNS: u8 = 7;
+const STEP_SCHED: u8 = 8;
+const STEP_RLIMIT: u8 = 9;
 
 fn step_name(step: u8) -> &'static str {
     match step {
@@ -52,8 +56,22 @@ fn step_name(step: u8) -> &'static str {
         STEP_EXEC => "exec aether",
         STEP_USER_CGROUP => "move the user cgroup to fd 5",
         STEP_NETNS => "join the prepared network namespace",
+        STEP_SCHED => "sched_setscheduler(SCHED_IDLE)",
+        STEP_RLIMIT => "setrlimit(RLIMIT_NICE, 0/0)",
         _ => "unknown step",
     }
+}
+
+/// How the container's processes are scheduled from their first instruction on.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum SchedClass {
+    /// The edge's own policy (normally SCHED_OTHER), inherited.
+    #[default]
+    Inherit,
+    /// SCHED_IDLE with RLIMIT_NICE pinned to 0/0, so that nothing inside (which keeps neither
+    /// CAP_SYS_NICE nor CAP_SYS_RESOURCE) can switch back to SCHED_OTHER. Set by the spawn child
+    /// before it execs aether: aether and all it forks inherit both.
+    Idle,
 }
 
 /// A started aether.
@@ -172,7 +190,7 @@ const NS_FLAGS: libc::c_int = libc::CLONE_NEWNS
 /// Starts `aether` in new namespaces, inside the cgroups whose `cgroup.procs` files are given,
 /// with `channel` on fd 3 and, if given, the edge's reattach `listener` on fd 4. Blocks until the
 /// exec happened (or failed); call it from a blocking context. `user_procs` (the user cgroup's
-/// `cgroup.procs`), if given, is open for writing on fd 5.
+/// `cgroup.procs`), if given, is open for writing on fd 5. `sched` is applied before the exec.
 pub fn spawn_aether(
     aether: &Path,
     procs_files: &[PathBuf],
@@ -180,6 +198,7 @@ pub fn spawn_aether(
     listener: Option<BorrowedFd<'_>>,
     user_procs: Option<&Path>,
     netns: Option<BorrowedFd<'_>>,
+    sched: SchedClass,
 ) -> io::Result<Spawned> {
     let plan = Plan::new(aether, procs_files, user_procs)?;
     // Above fd 4, so that putting the channel on fd 3 cannot clobber it.
@@ -205,6 +224,7 @@ pub fn spawn_aether(
         listen_fd,
         netns_fd: netns.map_or(-1, |n| n.as_raw_fd()),
         err_fd: err_w.as_raw_fd(),
+        sched_idle: sched == SchedClass::Idle,
     };
     let mut stack = vec![0u8; CHILD_STACK];
     // SAFETY: the stack grows down on every Linux target we build for; one past the end of
@@ -264,6 +284,7 @@ struct ChildArgs<'a> {
     listen_fd: RawFd,
     netns_fd: RawFd,
     err_fd: RawFd,
+    sched_idle: bool,
 }
 
 /// The child's entry point on its own stack.
@@ -272,7 +293,16 @@ extern "C" fn child_entry(arg: *mut libc::c_void) -> libc::c_int {
     // (CLONE_VFORK) until we exec or exit, so it is alive and unchanged.
     let a = unsafe { &*(arg as *const ChildArgs<'_>) };
     // SAFETY: we are the child of a vfork-like clone and `plan` was built before it.
-    unsafe { child_main(a.plan, a.chan, a.listen_fd, a.netns_fd, a.err_fd) }
+    unsafe {
+        child_main(
+            a.plan,
+            a.chan,
+            a.listen_fd,
+            a.netns_fd,
+            a.err_fd,
+            a.sched_idle,
+        )
+    }
 }
 
 /// All signals blocked on the calling thread until dropped (then the old mask is restored).
@@ -340,6 +370,7 @@ unsafe fn child_main(
     listen_fd: RawFd,
     netns_fd: RawFd,
     err_fd: RawFd,
+    sched_idle: bool,
 ) -> ! {
     // SAFETY: every call is a raw system call or an async-signal-safe libc
     // function on memory that was fully prepared before the clone and is not mutated.
@@ -355,6 +386,21 @@ unsafe fn child_main(
         }
         if libc::unshare(libc::CLONE_NEWCGROUP) != 0 {
             fail(STEP_UNSHARE);
+        }
+        // Both are plain system calls on locals of this stack; they act on this task only
+        // (the edge keeps its policy and limits), and exec keeps them.
+        if sched_idle {
+            let param = libc::sched_param { sched_priority: 0 };
+            if libc::sched_setscheduler(0, libc::SCHED_IDLE, &param) != 0 {
+                fail(STEP_SCHED);
+            }
+            let zero = libc::rlimit {
+                rlim_cur: 0,
+                rlim_max: 0,
+            };
+            if libc::setrlimit(libc::RLIMIT_NICE, &zero) != 0 {
+                fail(STEP_RLIMIT);
+            }
         }
         if chan == CHANNEL_FD {
             if libc::fcntl(CHANNEL_FD, libc::F_SETFD, 0) != 0 {
@@ -445,6 +491,59 @@ mod tests {
         assert_eq!(p.argv_ptrs.len(), 4);
         assert!(p.argv_ptrs[3].is_null());
         assert!(p.envp_ptrs.last().unwrap().is_null());
+    }
+
+    /// The scheduling policy of `pid` (`sched_getscheduler`: 0 = OTHER, 5 = IDLE) and the soft
+    /// and hard "Max nice priority" of `/proc/<pid>/limits`.
+    fn policy_and_nice_limit(pid: i32) -> (i32, Vec<String>) {
+        // SAFETY: sched_getscheduler takes a plain pid.
+        let policy = unsafe { libc::sched_getscheduler(pid) };
+        let limits = std::fs::read_to_string(format!("/proc/{pid}/limits")).unwrap_or_default();
+        let nice = limits
+            .lines()
+            .find(|l| l.starts_with("Max nice priority"))
+            .map(|l| {
+                l.split_whitespace()
+                    .skip(3)
+                    .take(2)
+                    .map(str::to_string)
+                    .collect()
+            })
+            .unwrap_or_default();
+        (policy, nice)
+    }
+
+    /// A spawned container's PID 1 is SCHED_IDLE (RLIMIT_NICE 0/0) from its exec on when asked,
+    /// and keeps the edge's SCHED_OTHER otherwise.
+    #[test]
+    fn sched_class_is_set_before_exec() {
+        // SAFETY: geteuid has no preconditions.
+        if unsafe { libc::geteuid() } != 0 {
+            println!("skipped: needs root (new namespaces)");
+            return;
+        }
+        let d = tempfile::tempdir().unwrap();
+        let script = d.path().join("fake-aether");
+        std::fs::write(&script, "#!/bin/sh\nexec sleep 30\n").unwrap();
+        std::fs::set_permissions(&script, std::os::unix::fs::PermissionsExt::from_mode(0o755))
+            .unwrap();
+        for (sched, want_policy, want_nice) in [
+            (SchedClass::Idle, libc::SCHED_IDLE, Some(["0", "0"])),
+            (SchedClass::Inherit, libc::SCHED_OTHER, None),
+        ] {
+            let (ours, theirs) = std::os::unix::net::UnixStream::pair().unwrap();
+            let sp = spawn_aether(&script, &[], theirs.as_fd(), None, None, None, sched).unwrap();
+            // Read right after the exec, before the process could have changed anything.
+            let (policy, nice) = policy_and_nice_limit(sp.pid);
+            // SAFETY: kill on the pid we just spawned and still hold (unreaped) by its pidfd.
+            unsafe { libc::kill(sp.pid, libc::SIGKILL) };
+            let _ = pidfd::wait_blocking(sp.pidfd.as_fd());
+            drop((ours, theirs));
+            assert_eq!(policy, want_policy, "{sched:?}");
+            if let Some(n) = want_nice {
+                assert_eq!(nice, n, "{sched:?}");
+            }
+        }
     }
 
     #[test]
