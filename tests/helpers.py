@@ -183,10 +183,13 @@ class DsecUp:
         except OSError:
             pass
 
-    def _pump_stdout(self, stream) -> None:
+    @staticmethod
+    def _pump_stdout(stream, lines: "queue.Queue[Optional[str]]") -> None:
+        # Each process's pump feeds its own queue: after a crash-and-restart, the old process's
+        # end of stdout (seen late by a lagging pump) must not reach the new process's queue.
         for raw in stream:
-            self._stdout_lines.put(raw.decode("utf-8", "replace").rstrip("\n"))
-        self._stdout_lines.put(None)
+            lines.put(raw.decode("utf-8", "replace").rstrip("\n"))
+        lines.put(None)
 
     def start(self) -> "DsecUp":
         os.makedirs(self.data_dir, exist_ok=True)
@@ -211,7 +214,8 @@ class DsecUp:
         stderr = open(self.stderr_path, "ab")
         self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=stderr, env=env, start_new_session=True)
         stderr.close()
-        threading.Thread(target=self._pump_stdout, args=(self.proc.stdout,), daemon=True).start()
+        self._stdout_lines = queue.Queue()
+        threading.Thread(target=self._pump_stdout, args=(self.proc.stdout, self._stdout_lines), daemon=True).start()
         deadline = time.monotonic() + START_TIMEOUT
         seen: List[str] = []
         while not (self.url and self.key):

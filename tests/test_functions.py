@@ -91,6 +91,7 @@ def test_reused_scratch_dir_is_reset(client, warm):
     unreadable subtree, a symlink, a fifo) is gone for the next call on the same worker."""
     first = call(client, "bash", """
 python3 - <<'PY'
+import os
 os.makedirs('locked/deep')
 open('locked/deep/f', 'w').write('x')
 os.chmod('locked/deep', 0)
