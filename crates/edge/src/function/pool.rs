@@ -34,6 +34,16 @@ struct State {
     ids: BTreeSet<String>,
     last_used: Option<Instant>,
     closed: bool,
+    /// Background refills that failed in a row (e.g. the pool's image is gone), and when the
+    /// next may be tried: failures back off instead of retrying (and logging) every tick.
+    refill_failures: u32,
+    refill_after: Option<Instant>,
+}
+
+/// How long the background refill waits after `failures` failed starts in a row: 1 s, doubling,
+/// at most a minute.
+fn refill_backoff(failures: u32) -> Duration {
+    Duration::from_secs(1u64 << failures.saturating_sub(1).min(6)).min(Duration::from_secs(60))
 }
 
 pub struct Pool {
@@ -222,6 +232,8 @@ impl Pool {
             }
             if idle_long {
                 (std::mem::take(&mut st.idle), 0)
+            } else if st.refill_after.is_some_and(|t| Instant::now() < t) {
+                (Vec::new(), 0)
             } else {
                 let total = st.idle.len() + st.busy + st.starting;
                 (
@@ -243,6 +255,8 @@ impl Pool {
             match self.start_worker().await {
                 Ok(w) => {
                     let mut st = lock(&self.state);
+                    st.refill_failures = 0;
+                    st.refill_after = None;
                     if st.closed || st.idle.len() + st.busy >= self.cfg.max_workers {
                         drop(st);
                         self.destroy(w);
@@ -250,7 +264,15 @@ impl Pool {
                         st.idle.push(w);
                     }
                 }
-                Err(e) => tracing::warn!(pool = %self.key, error = %e, "refill function pool"),
+                Err(e) => {
+                    let mut st = lock(&self.state);
+                    st.refill_failures = st.refill_failures.saturating_add(1);
+                    let wait = refill_backoff(st.refill_failures);
+                    st.refill_after = Some(Instant::now() + wait);
+                    let failures = st.refill_failures;
+                    drop(st);
+                    tracing::warn!(pool = %self.key, error = %e, failures, retry_in_s = wait.as_secs(), "refill function pool");
+                }
             }
         }
     }
@@ -297,5 +319,18 @@ impl Pool {
             workers_destroyed: self.destroyed.load(Ordering::Relaxed),
             rejected: self.admission.rejected.load(Ordering::Relaxed),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn refill_backoff_doubles_to_a_minute() {
+        let secs: Vec<u64> = (1..=9).map(|n| refill_backoff(n).as_secs()).collect();
+        assert_eq!(secs, [1, 2, 4, 8, 16, 32, 60, 60, 60]);
+        assert_eq!(refill_backoff(0), Duration::from_secs(1));
+        assert_eq!(refill_backoff(u32::MAX), Duration::from_secs(60));
     }
 }
