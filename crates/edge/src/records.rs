@@ -127,19 +127,9 @@ pub fn retire(dir: &Path, trash: &Path) -> std::io::Result<()> {
 /// `None` when it is missing or could not be moved (then it is still at `dir`).
 pub fn move_to_trash(dir: &Path, trash: &Path) -> Option<PathBuf> {
     let dest = trash.join(dir.file_name()?);
-    let mut renamed = std::fs::rename(dir, &dest);
-    if matches!(&renamed, Err(e) if e.kind() == std::io::ErrorKind::NotFound) {
-        if !dir.exists() {
-            return None;
-        }
-        // The trash itself is missing (removed by hand): make it and retry once.
-        if let Err(e) = std::fs::create_dir_all(trash) {
-            tracing::warn!(dir = %trash.display(), error = %e, "create the trash");
-        }
-        renamed = std::fs::rename(dir, &dest);
-    }
-    match renamed {
+    match rename_into(dir, &dest) {
         Ok(()) => Some(dest),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound && !dir.exists() => None,
         Err(e) => {
             tracing::warn!(dir = %dir.display(), error = %e, "move sandbox dir to the trash");
             None
@@ -150,18 +140,42 @@ pub fn move_to_trash(dir: &Path, trash: &Path) -> Option<PathBuf> {
 /// The second half of [`retire`]: removes `dir` (a tree in the trash) on a blocking thread
 /// (inline without a tokio runtime).
 pub fn remove_in_background(dir: PathBuf) {
+    in_background(move || remove_retired(&dir));
+}
+
+fn remove_retired(dir: &Path) {
+    if let Err(e) = remove_tree(dir) {
+        tracing::error!(dir = %dir.display(), error = %e, "remove retired sandbox dir");
+    }
+}
+
+/// Runs `job` (a retired directory's removal or recycling) on a blocking thread, inline without
+/// a tokio runtime, counted in [`RETIRING`] until it ends.
+fn in_background(job: impl FnOnce() + Send + 'static) {
     RETIRING.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
-    let remove = move || {
-        if let Err(e) = remove_tree(&dir) {
-            tracing::error!(dir = %dir.display(), error = %e, "remove retired sandbox dir");
-        }
+    let job = move || {
+        job();
         RETIRING.fetch_sub(1, std::sync::atomic::Ordering::SeqCst);
     };
     match tokio::runtime::Handle::try_current() {
         Ok(h) => {
-            h.spawn_blocking(remove);
+            h.spawn_blocking(job);
         }
-        Err(_) => remove(),
+        Err(_) => job(),
+    }
+}
+
+/// Renames `src` to `dest`; when `dest`'s parent is missing (removed by hand), makes it and
+/// retries once.
+fn rename_into(src: &Path, dest: &Path) -> std::io::Result<()> {
+    match std::fs::rename(src, dest) {
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound && src.exists() => {
+            if let Some(parent) = dest.parent() {
+                std::fs::create_dir_all(parent)?;
+            }
+            std::fs::rename(src, dest)
+        }
+        other => other,
     }
 }
 
@@ -235,21 +249,13 @@ pub fn recycle_in_background<F>(dir: PathBuf, spare: PathBuf, released: F)
 where
     F: FnOnce() -> bool + Send + 'static,
 {
-    RETIRING.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
-    let job = move || {
+    in_background(move || {
         if released() {
             recycle(&dir, &spare);
-        } else if let Err(e) = remove_tree(&dir) {
-            tracing::error!(dir = %dir.display(), error = %e, "remove retired sandbox dir");
+        } else {
+            remove_retired(&dir);
         }
-        RETIRING.fetch_sub(1, std::sync::atomic::Ordering::SeqCst);
-    };
-    match tokio::runtime::Handle::try_current() {
-        Ok(h) => {
-            h.spawn_blocking(job);
-        }
-        Err(_) => job(),
-    }
+    });
 }
 
 fn recycle(dir: &Path, spare: &Path) {
@@ -263,12 +269,7 @@ fn recycle(dir: &Path, spare: &Path) {
             Ok(true) => {
                 let n = SPARE_SEQ.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
                 let dest = spare.join(format!("s{n}"));
-                let mut moved = std::fs::rename(dir, &dest);
-                if matches!(&moved, Err(e) if e.kind() == std::io::ErrorKind::NotFound) {
-                    let _ = std::fs::create_dir_all(spare);
-                    moved = std::fs::rename(dir, &dest);
-                }
-                match moved {
+                match rename_into(dir, &dest) {
                     Ok(()) => {
                         spares().push(dest);
                         return;
@@ -284,9 +285,7 @@ fn recycle(dir: &Path, spare: &Path) {
             }
         }
     }
-    if let Err(e) = remove_tree(dir) {
-        tracing::error!(dir = %dir.display(), error = %e, "remove retired sandbox dir");
-    }
+    remove_retired(dir);
 }
 
 /// Empties `dir` down to the [`SKELETON`]: everything else goes, the skeleton dirs are emptied
@@ -330,7 +329,6 @@ fn clean_to_skeleton(dir: &Path) -> std::io::Result<bool> {
 /// Owner (this process's), mode 0755 and no extended attributes, as `create_dir_all` makes a
 /// directory (under the usual umask 022).
 fn reset_attributes(dir: &Path) -> std::io::Result<()> {
-    use std::os::unix::ffi::OsStrExt;
     use std::os::unix::fs::{MetadataExt, PermissionsExt};
     let md = std::fs::symlink_metadata(dir)?;
     let (uid, gid) = (
@@ -343,24 +341,7 @@ fn reset_attributes(dir: &Path) -> std::io::Result<()> {
     if md.mode() & 0o7777 != 0o755 {
         std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o755))?;
     }
-    let cpath = std::ffi::CString::new(dir.as_os_str().as_bytes())
-        .map_err(|_| std::io::Error::other("path holds a NUL byte"))?;
-    let mut names = vec![0u8; 4096];
-    // SAFETY: llistxattr writes at most `names.len()` bytes into the buffer we own; the path
-    // is a NUL-terminated string that outlives the call.
-    let n = unsafe { libc::llistxattr(cpath.as_ptr(), names.as_mut_ptr().cast(), names.len()) };
-    if n < 0 {
-        return Err(std::io::Error::last_os_error());
-    }
-    names.truncate(n as usize);
-    for name in names.split(|&b| b == 0).filter(|n| !n.is_empty()) {
-        let cname = std::ffi::CString::new(name)
-            .map_err(|_| std::io::Error::other("xattr name holds a NUL byte"))?;
-        // SAFETY: both arguments are NUL-terminated strings that outlive the call.
-        if unsafe { libc::lremovexattr(cpath.as_ptr(), cname.as_ptr()) } != 0 {
-            return Err(std::io::Error::last_os_error());
-        }
-    }
+    dsec_image::clear_xattrs(dir)?;
     Ok(())
 }
 

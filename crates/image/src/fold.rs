@@ -251,6 +251,14 @@ pub(crate) fn get_xattr(p: &Path, name: &str) -> io::Result<Option<Vec<u8>>> {
     }
 }
 
+/// Removes every extended attribute of `p` (not following a symlink).
+pub fn clear_xattrs(p: &Path) -> io::Result<()> {
+    for (k, _) in list_xattrs(p)? {
+        remove_xattr(p, &k)?;
+    }
+    Ok(())
+}
+
 fn remove_xattr(p: &Path, name: &str) -> io::Result<()> {
     let c = cpath(p)?;
     let cname = CString::new(name).map_err(io::Error::other)?;

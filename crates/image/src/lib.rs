@@ -41,6 +41,7 @@ mod time;
 use std::path::PathBuf;
 
 pub use busybox::BUSYBOX_IMAGE;
+pub use fold::clear_xattrs;
 pub use import::{BuiltLayer, ImportOptions};
 pub use name::canonical as canonical_name;
 pub use oci::ArchiveFormat;
