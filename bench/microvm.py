@@ -108,17 +108,8 @@ def dsec_boot(up: DsecUp, client, memory_mb: int, expect_boot: str) -> float:
 
 
 def start_edge(binary: str, tag: str, templates: bool) -> DsecUp:
-    saved = {k: os.environ.get(k) for k in ("DSEC_MICROVM_TEMPLATES", "DSEC_MICROVM_MACHINE")}
-    os.environ["DSEC_MICROVM_TEMPLATES"] = "1" if templates else "0"
-    os.environ["DSEC_MICROVM_MACHINE"] = MACHINE
-    try:
-        return DsecUp(binary, new_data_dir(tag), f"bvm{tag}{os.getpid() % 10000}").start()
-    finally:
-        for k, v in saved.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
+    env = {"DSEC_MICROVM_TEMPLATES": "1" if templates else "0", "DSEC_MICROVM_MACHINE": MACHINE}
+    return DsecUp(binary, new_data_dir(tag), f"bvm{tag}{os.getpid() % 10000}", env=env).start()
 
 
 def wait_template(up: DsecUp, timeout: float = 300) -> None:

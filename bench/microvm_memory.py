@@ -193,16 +193,19 @@ def build_toolkit() -> bool:
 
 
 def start_node(pmem: bool, balloon: bool, tag: str, toolkit: bool = False) -> tuple[DsecUp, str]:
-    os.environ["DSEC_MICROVM_PMEM"] = "1" if pmem else "0"
-    os.environ["DSEC_MICROVM_BALLOON"] = "1" if balloon else "0"
-    # Every VM boots cold: clones restored from a template would load the template's memory
-    # image (anonymous, per VM) and measure the snapshot, not the layers' sharing.
-    os.environ["DSEC_MICROVM_TEMPLATES"] = "0"
-    # virtio-pmem needs the `pc` machine (QEMU 7.2's `microvm` gives pmem regions no address):
-    # both configurations run on `pc`, so the rows differ only in how the layers are attached.
-    os.environ["DSEC_MICROVM_MACHINE"] = "pc"
+    env = {
+        "DSEC_MICROVM_PMEM": "1" if pmem else "0",
+        "DSEC_MICROVM_BALLOON": "1" if balloon else "0",
+        # Every VM boots cold: clones restored from a template would load the template's memory
+        # image (anonymous, per VM) and measure the snapshot, not the layers' sharing.
+        "DSEC_MICROVM_TEMPLATES": "0",
+        # virtio-pmem needs the `pc` machine (QEMU 7.2's `microvm` gives pmem regions no address):
+        # both configurations run on `pc`, so the rows differ only in how the layers are attached.
+        "DSEC_MICROVM_MACHINE": "pc",
+    }
     data = tempfile.mkdtemp(prefix=f"dsec-e2e-{tag}-", dir=DATA_ROOT[0]) if DATA_ROOT else new_data_dir(tag)
-    up = DsecUp(str(ROOT / "target/release/dsec"), data, f"{tag.replace('-', '')[:10]}{os.getpid() % 100000}").start()
+    up = DsecUp(str(ROOT / "target/release/dsec"), data, f"{tag.replace('-', '')[:10]}{os.getpid() % 100000}",
+                env=env).start()
     up.cli("image", "import", "debian", "--tar", str(DEBIAN_TAR), timeout=900)
     if toolkit:
         up.cli("image", "import", TOOLKIT, "--dir", str(TOOLKIT_DIR), timeout=900)

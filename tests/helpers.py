@@ -153,9 +153,11 @@ class DsecUp:
     """One `dsec up` process on its own data dir and port."""
 
     def __init__(self, binary: str, data_dir: str, node_id: str, port: Optional[int] = None,
-                 config: Optional[str] = None):
+                 config: Optional[str] = None, env: Optional[Dict[str, str]] = None):
         self.binary = binary
         self.config = config
+        # Extra environment for this `dsec up` only (e.g. DSEC_MICROVM_MACHINE=pc).
+        self.extra_env = dict(env or {})
         self.data_dir = data_dir
         self.node_id = node_id
         self.port = port or free_port()
@@ -193,7 +195,7 @@ class DsecUp:
 
     def start(self) -> "DsecUp":
         os.makedirs(self.data_dir, exist_ok=True)
-        env = dict(os.environ)
+        env = {**os.environ, **self.extra_env}
         env.setdefault("RUST_LOG", "info")
         aether = find_aether()
         if aether:

@@ -29,19 +29,9 @@ def node(microvm_ok):
     binary = os.environ.get("DSEC_BIN") or find_dsec_bin()
     if not binary:
         pytest.skip("no dsec binary")
-    saved = {k: os.environ.get(k) for k in ("DSEC_MICROVM_MACHINE", "DSEC_MICROVM_TEMPLATES")}
-    os.environ["DSEC_MICROVM_MACHINE"] = "pc"
-    os.environ["DSEC_MICROVM_TEMPLATES"] = "0"
     data = new_data_dir("vmpmem")
-    up = DsecUp(binary, data, f"pmem{os.getpid() % 100000}")
-    try:
-        up.start()
-    finally:
-        for k, v in saved.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
+    up = DsecUp(binary, data, f"pmem{os.getpid() % 100000}",
+                env={"DSEC_MICROVM_MACHINE": "pc", "DSEC_MICROVM_TEMPLATES": "0"}).start()
     yield up
     up.stop()
     remove_data_dir(data)
