@@ -19,15 +19,26 @@ PKGS+=(postgresql)
 # image's partition table and boot loader (scripts/vm/build-disk.sh).
 PKGS+=(qemu-utils seabios fdisk extlinux syslinux-common)
 
-missing=()
-for p in "${PKGS[@]}"; do
-    dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
-done
+missing_pkgs() {
+    missing=()
+    for p in "${PKGS[@]}"; do
+        dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+    done
+}
+missing_pkgs
 if ((${#missing[@]})); then
     echo "[dsec] installing Debian packages: ${missing[*]}"
     export DEBIAN_FRONTEND=noninteractive
     apt-get update -qq
     apt-get install -y -qq "${missing[@]}" >/dev/null
+    # An install can remove a package that was present: a backported qemu-utils conflicts with
+    # the distribution's qemu-system-x86 and is removed for it. Install what is missing again
+    # (now from the same release as what replaced it).
+    missing_pkgs
+    if ((${#missing[@]})); then
+        echo "[dsec] installing Debian packages removed by the first pass: ${missing[*]}"
+        apt-get install -y -qq "${missing[@]}" >/dev/null
+    fi
 else
     echo "[dsec] Debian packages present"
 fi
