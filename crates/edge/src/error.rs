@@ -8,7 +8,7 @@ use axum::extract::rejection::{JsonRejection, PathRejection, QueryRejection};
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use dsec_image::ImageError;
-use dsec_network::{NetError, PolicyError};
+use dsec_network::NetError;
 use dsec_runtime::aether_client::ChannelError;
 use dsec_runtime::substrate::CreateSandboxError;
 use dsec_wire::aether::{AetherError, AetherErrorKind};
@@ -221,6 +221,7 @@ impl From<QueryRejection> for EdgeError {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use dsec_network::PolicyError;
 
     #[test]
     fn codes_map_to_statuses() {
