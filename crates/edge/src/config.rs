@@ -67,7 +67,7 @@ pub struct EdgeConfig {
     /// How often the TTL reaper looks for idle and expired sandboxes (milliseconds).
     pub ttl_check_ms: u64,
     /// Sandbox networking (`[edge.network]`): subnets, domain groups, static DNS table.
-    pub network: crate::network::NetworkConfig,
+    pub network: dsec_network::NetworkConfig,
     /// Default size limit of a sandbox's writable layer in MiB (0: unlimited).
     pub default_disk_limit_mb: u64,
     /// Per-sandbox write and read bandwidth limit on the sandboxes' disk in MiB/s (0: none).
@@ -113,7 +113,7 @@ impl Default for EdgeConfig {
             reattach_grace_ms: 60_000,
             reclaim_on_pause: true,
             ttl_check_ms: 500,
-            network: crate::network::NetworkConfig::default(),
+            network: dsec_network::NetworkConfig::default(),
             default_disk_limit_mb: 0,
             disk_bps_limit_mb: 0,
             functions: Default::default(),
@@ -129,6 +129,17 @@ impl Default for EdgeConfig {
 pub struct ConfigError {
     pub key: &'static str,
     pub message: String,
+}
+
+/// `[edge.network]` is validated by the network crate; its keys are already relative to
+/// `edge`.
+impl From<dsec_network::NetworkConfigError> for ConfigError {
+    fn from(e: dsec_network::NetworkConfigError) -> Self {
+        ConfigError {
+            key: e.key,
+            message: e.message,
+        }
+    }
 }
 
 fn bad(key: &'static str, message: impl Into<String>) -> ConfigError {

@@ -8,6 +8,7 @@ use axum::extract::rejection::{JsonRejection, PathRejection, QueryRejection};
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use dsec_image::ImageError;
+use dsec_network::NetError;
 use dsec_runtime::aether_client::ChannelError;
 use dsec_runtime::substrate::CreateSandboxError;
 use dsec_wire::aether::{AetherError, AetherErrorKind};
@@ -156,6 +157,20 @@ impl EdgeError {
     }
 }
 
+/// Network errors: a policy the user got wrong is a bad request, another edge holding the
+/// host's network names makes this node unavailable, a full subnet makes it full; the rest
+/// (a tool or the DNS proxy failing) is internal.
+impl From<NetError> for EdgeError {
+    fn from(e: NetError) -> Self {
+        match e {
+            NetError::Policy(p) => EdgeError::BadRequest(p.to_string()),
+            NetError::InUse(m) => EdgeError::Unavailable(m),
+            e @ NetError::Exhausted(_) => EdgeError::NodeFull(e.to_string()),
+            other => EdgeError::Internal(other.to_string()),
+        }
+    }
+}
+
 impl IntoResponse for EdgeError {
     fn into_response(self) -> Response {
         let status = self.status();
@@ -206,6 +221,7 @@ impl From<QueryRejection> for EdgeError {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use dsec_network::PolicyError;
 
     #[test]
     fn codes_map_to_statuses() {
@@ -280,6 +296,34 @@ mod tests {
             users: 2,
         });
         assert_eq!(e.status().as_u16(), 409);
+    }
+
+    #[test]
+    fn network_errors() {
+        let e = EdgeError::from(NetError::Policy(PolicyError::Protocol("sctp".into())));
+        assert_eq!((e.code(), e.status().as_u16()), (codes::BAD_REQUEST, 400));
+        assert_eq!(
+            e.to_string(),
+            "protocol \"sctp\" must be tcp, udp, icmp or any"
+        );
+        let e = EdgeError::from(NetError::InUse("held by pid 7".into()));
+        assert_eq!(
+            (e.code(), e.to_string().as_str()),
+            (codes::NODE_UNAVAILABLE, "held by pid 7")
+        );
+        let e = EdgeError::from(NetError::Exhausted("10.201.0.0/16".into()));
+        assert_eq!(e.code(), codes::NODE_FULL);
+        assert_eq!(e.status().as_u16(), 503);
+        assert_eq!(
+            e.to_string(),
+            "no free sandbox address left in 10.201.0.0/16"
+        );
+        let e = EdgeError::from(NetError::Tool {
+            tool: "nft",
+            message: "Operation not permitted".into(),
+        });
+        assert_eq!((e.code(), e.status().as_u16()), (codes::INTERNAL, 500));
+        assert_eq!(e.to_string(), "nft: Operation not permitted");
     }
 
     #[test]

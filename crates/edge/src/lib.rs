@@ -12,7 +12,9 @@
 //! one place with business logic), [`records`] (persisted sandbox records), [`commands`],
 //! [`files`], [`tty`] (API ↔ aether protocol translation), [`http`] (routes, one file per
 //! resource), [`error`] (the one place errors become HTTP codes), [`metrics`], [`substrate`]
-//! (object-safe adapter over `dsec_runtime` substrates).
+//! (object-safe adapter over `dsec_runtime` substrates), [`network`] (when the lifecycle
+//! attaches, waits for and releases a sandbox's network; the networking itself is the
+//! `dsec_network` crate).
 //!
 //! # Restart after a crash
 //!

@@ -396,7 +396,7 @@ pub struct Manager {
     state: Mutex<State>,
     shutting_down: AtomicBool,
     traj: Arc<crate::trajectory::Trajectories>,
-    net: Arc<crate::network::Network>,
+    net: Arc<dsec_network::Network>,
     /// The microVM driver, or why this node has none (see [`crate::microvm::driver`]).
     microvm: std::sync::OnceLock<Result<Arc<dyn Driver>, String>>,
     /// The full-VM driver, or why this node has none (see [`crate::fullvm::driver`]).
@@ -425,7 +425,7 @@ impl Manager {
         ));
         Self {
             traj,
-            net: crate::network::Network::new(cfg.network.clone()),
+            net: dsec_network::Network::new(cfg.network.clone()),
             admission_cfg: Mutex::new((None, cfg.clone())),
             cfg,
             driver,
@@ -594,7 +594,7 @@ impl Manager {
             reaped.push(f.id);
         }
         let by_substrate = self.driver.reap_orphans(adopted.clone()).await;
-        crate::network::hook::recover(&self.net, &self.cfg, &adopted).await;
+        crate::network::recover(&self.net, &self.cfg, &adopted).await;
         for id in by_substrate {
             tracing::warn!(sandbox = %id, "substrate reaped leftovers");
             if !reaped.contains(&id) {
@@ -902,8 +902,7 @@ impl Manager {
             ));
         }
         // Network namespace, rules and disk limit (issue 8); rolled back with the directory.
-        let extras = match crate::network::hook::prepare(&self.net, &self.cfg, id, &dir, req).await
-        {
+        let extras = match crate::network::prepare(&self.net, &self.cfg, id, &dir, req).await {
             Ok(x) => x,
             Err(e) => {
                 let _ = remove_dir(&dir);
@@ -936,7 +935,7 @@ impl Manager {
             Ok(s) => s,
             Err(e) => {
                 let err = EdgeError::from_create(e);
-                crate::network::hook::release(&self.net, id, &dir).await;
+                crate::network::release(&self.net, id, &dir).await;
                 if let Err(ce) = remove_dir(&dir) {
                     return Err(EdgeError::Internal(format!(
                         "{err}; cleanup also failed: remove {}: {ce}",
@@ -947,7 +946,7 @@ impl Manager {
             }
         };
         // The sandbox's nftables chains were added while it started: wait for them.
-        let net_ready = crate::network::hook::started(&self.net, &self.cfg, id, &dir).await;
+        let net_ready = crate::network::started(&self.net, &self.cfg, id, &dir).await;
         // QoS before the sandbox is handed out: no user command has run yet.
         let qos = crate::qos::apply::apply(
             self.qos.config(),
@@ -985,7 +984,7 @@ impl Manager {
         };
         if let Err(err) = persisted {
             let destroyed = sandbox.destroy().await;
-            crate::network::hook::release(&self.net, id, &dir).await;
+            crate::network::release(&self.net, id, &dir).await;
             let removed = remove_dir(&dir);
             if destroyed.is_err() || removed.is_err() {
                 return Err(EdgeError::Internal(format!(
@@ -1057,7 +1056,7 @@ impl Manager {
             problems.push(format!("destroy: {e}"));
         }
         let destroyed = t0.elapsed();
-        crate::network::hook::release(&self.net, &entry.id, &dir).await;
+        crate::network::release(&self.net, &entry.id, &dir).await;
         drop(lock(&entry.lease).take());
         let released = t0.elapsed();
         let removed = match moved {
@@ -1474,7 +1473,7 @@ impl Manager {
             request,
             Ok(serde_json::json!({ "applied": true })),
         );
-        crate::network::hook::saved(&self.net, id, &e.dir);
+        crate::network::saved(&self.net, id, &e.dir);
         let st = self
             .net
             .status(id, &std::collections::BTreeMap::new())

@@ -185,7 +185,7 @@ async fn edge_http_end_to_end() {
     // setup holds the default table `dsec`; one edge per table gets networking).
     let pid = std::process::id();
     let b36 = |n: u32| char::from(b"0123456789abcdefghijklmnopqrstuvwxyz"[(n % 36) as usize]);
-    let network = dsec_edge::network::NetworkConfig {
+    let network = dsec_network::NetworkConfig {
         subnet_v4: format!("10.{}.0.0/16", 150 + pid % 50),
         subnet_v6: format!("fd00:e2f:{:x}::/64", pid % 65536),
         table: format!("dsecr{pid}"),

@@ -7,6 +7,7 @@ mod extract;
 mod files;
 pub mod functions;
 mod images;
+mod network;
 mod pack;
 mod pause;
 mod sandboxes;
@@ -74,7 +75,7 @@ pub fn router(mgr: Arc<Manager>, token: &str) -> Router {
         )
         .route(
             &format!("{sb}/network"),
-            get(crate::network::http::get).put(crate::network::http::put),
+            get(network::get).put(network::put),
         )
         .route(&format!("{sb}/pause"), post(pause::pause))
         .route(&format!("{sb}/resume"), post(pause::resume))

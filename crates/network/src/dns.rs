@@ -7,6 +7,8 @@
 
 use std::net::IpAddr;
 
+use crate::error::PolicyError;
+
 pub const TYPE_A: u16 = 1;
 pub const TYPE_AAAA: u16 = 28;
 pub const RCODE_NXDOMAIN: u8 = 3;
@@ -126,18 +128,18 @@ pub fn lookup<'a>(hosts: &'a [(String, Vec<IpAddr>)], name: &str) -> Option<&'a 
         .or_else(|| {
             hosts
                 .iter()
-                .find(|(n, _)| super::policy::pattern_matches(n, name))
+                .find(|(n, _)| crate::policy::pattern_matches(n, name))
         })
         .map(|(_, a)| a.as_slice())
 }
 
 /// Parses the config's `hosts` values: one address or several separated by commas.
-pub fn parse_addrs(s: &str) -> Result<Vec<IpAddr>, String> {
+pub fn parse_addrs(s: &str) -> Result<Vec<IpAddr>, PolicyError> {
     s.split(',')
         .map(|a| {
             a.trim()
                 .parse::<IpAddr>()
-                .map_err(|_| format!("{a:?} is not an IP address"))
+                .map_err(|_| PolicyError::HostAddress(a.into()))
         })
         .collect()
 }

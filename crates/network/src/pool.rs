@@ -19,7 +19,7 @@ use std::sync::atomic::Ordering;
 use std::sync::{Arc, Weak};
 use std::time::Duration;
 
-use super::{blocking, lock, netns, Network};
+use crate::{blocking, lock, netns, nft, NetError, Network};
 
 /// How long a refill waits after a spare was taken (the claiming create is still running).
 const REFILL_DELAY: Duration = Duration::from_millis(100);
@@ -47,7 +47,7 @@ pub fn veth_name(prefix: &str, n: u32) -> String {
 
 impl Network {
     /// Takes a spare, if one is ready, and asks for its replacement.
-    pub(super) fn claim_spare(self: &Arc<Self>) -> Option<Spare> {
+    pub(crate) fn claim_spare(self: &Arc<Self>) -> Option<Spare> {
         if self.cfg.pool_size == 0 {
             return None;
         }
@@ -66,10 +66,10 @@ impl Network {
     }
 
     /// Builds one spare; None when the node is out of addresses or the kernel refused.
-    async fn build_spare(&self) -> Result<Spare, super::NetError> {
+    async fn build_spare(&self) -> Result<Spare, NetError> {
         let (host_no, ipv4, ipv6) = lock(&self.alloc)
             .take()
-            .ok_or_else(|| super::NetError::Exhausted(self.cfg.subnet_v4.clone()))?;
+            .ok_or_else(|| NetError::Exhausted(self.cfg.subnet_v4.clone()))?;
         let ns = ns_name(&self.cfg.table, host_no);
         let veth = veth_name(&self.cfg.veth_prefix, host_no);
         let link = netns::Link {
@@ -96,7 +96,7 @@ impl Network {
     }
 
     /// Removes a spare's namespace and veth and frees its addresses.
-    pub(super) async fn discard_spare(&self, s: Spare) {
+    pub(crate) async fn discard_spare(&self, s: Spare) {
         let (ns, veth) = (s.ns.clone(), s.veth.clone());
         let _ = blocking(move || {
             netns::remove(&ns, &veth);
@@ -122,8 +122,8 @@ impl Network {
             let table = self.cfg.table.clone();
             let dummy = self.cfg.gateway_interface.clone();
             let _ = blocking(move || {
-                super::nft::delete_table(&table);
-                super::netns::host_teardown(&dummy);
+                nft::delete_table(&table);
+                netns::host_teardown(&dummy);
                 Ok(())
             })
             .await;
@@ -131,7 +131,7 @@ impl Network {
     }
 
     /// Names of spares, so that leftover reaping leaves them alone.
-    pub(super) fn spare_names(&self) -> Vec<(String, String)> {
+    pub(crate) fn spare_names(&self) -> Vec<(String, String)> {
         lock(&self.pool)
             .iter()
             .map(|s| (s.ns.clone(), s.veth.clone()))
@@ -184,7 +184,7 @@ mod tests {
         let v = veth_name("dsv", 16_777_214);
         assert!(v.len() <= 15, "{v}");
         // Sandbox veths are `<prefix><12 hex digits>`: never a `p` after the prefix.
-        assert!(!super::super::key_of("sb-n1-00000000000000ab").contains('p'));
+        assert!(!crate::key_of("sb-n1-00000000000000ab").contains('p'));
         assert_eq!(ns_name("dsec", 7), "dsec-pool7");
     }
 }

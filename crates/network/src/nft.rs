@@ -8,7 +8,7 @@
 //! counter and is dropped. Static allows are one rule each (`ip daddr <cidr> meta l4proto <p>
 //! th dport <range> accept`); DNS grants live in two sets (`addr . port` with per-element
 //! timeouts, filled by the DNS proxy). Every change is one nftables transaction (in-process
-//! through [`super::libnft`], else `nft -f`), so a rule update is atomic and applies to the next
+//! through [`crate::libnft`], else `nft -f`), so a rule update is atomic and applies to the next
 //! packet of a new connection.
 //!
 //! No interval sets, named or anonymous: before every transaction that adds a rule or an
@@ -26,8 +26,8 @@ use std::time::Duration;
 
 use dsec_wire::api::NetworkMode;
 
-use super::policy::{Allow, Cidr, Proto};
-use super::NetError;
+use crate::policy::{Allow, Cidr, Proto};
+use crate::NetError;
 
 /// Names and addresses the base table is built from.
 #[derive(Debug, Clone)]
@@ -266,7 +266,7 @@ pub fn chain_keys(text: &str) -> Vec<String> {
 
 /// `nft list table inet <table>` (empty when the table is absent).
 pub fn list_table(table: &str) -> String {
-    if let Some(r) = super::libnft::run(&format!("list table inet {table}\n")) {
+    if let Some(r) = crate::libnft::run(&format!("list table inet {table}\n")) {
         return r.unwrap_or_default();
     }
     match Command::new("nft")
@@ -331,12 +331,9 @@ pub fn grant_script(b: &Base, key: &str, addr: IpAddr, ports: &[u16], ttl: Durat
 
 /// Runs `nft -f -` with `script` as one transaction.
 pub fn apply(script: &str) -> Result<(), NetError> {
-    let done = match super::libnft::run(script) {
-        Some(r) => r.map(drop).map_err(|message| NetError::Tool {
-            tool: "nft",
-            message,
-        }),
-        None => super::run_fed("nft", &["-f", "-"], script),
+    let done = match crate::libnft::run(script) {
+        Some(r) => r.map(drop),
+        None => crate::run_fed("nft", &["-f", "-"], script),
     };
     done.map_err(|e| match e {
         NetError::Tool { tool, message } => NetError::Tool {
@@ -350,13 +347,8 @@ pub fn apply(script: &str) -> Result<(), NetError> {
 /// Packets counted by the sandbox's `denied` counter.
 pub fn denied_packets(b: &Base, key: &str) -> Result<u64, NetError> {
     let cmd = format!("list counter inet {} {}\n", b.table, counter_name(key));
-    if let Some(r) = super::libnft::run(&cmd) {
-        return r
-            .map(|text| parse_packets(&text))
-            .map_err(|message| NetError::Tool {
-                tool: "nft",
-                message,
-            });
+    if let Some(r) = crate::libnft::run(&cmd) {
+        return r.map(|text| parse_packets(&text));
     }
     let out = Command::new("nft")
         .args(["list", "counter", "inet", &b.table, &counter_name(key)])
@@ -396,7 +388,7 @@ pub fn delete_table(table: &str) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::network::policy::parse_cidr;
+    use crate::policy::parse_cidr;
 
     fn base() -> Base {
         Base {

@@ -11,6 +11,8 @@
 use std::ffi::{c_char, c_int, c_void, CStr, CString};
 use std::sync::{Mutex, OnceLock};
 
+use crate::NetError;
+
 type CtxNew = unsafe extern "C" fn(u32) -> *mut c_void;
 type CtxFlag = unsafe extern "C" fn(*mut c_void) -> c_int;
 type RunCmd = unsafe extern "C" fn(*mut c_void, *const c_char) -> c_int;
@@ -95,11 +97,14 @@ unsafe fn text(p: *const c_char) -> String {
 }
 
 /// Runs `script` as one nftables transaction in-process. `None`: the library is unavailable
-/// (use the `nft` binary). `Some(Err(text))`: nftables refused the script, with its message.
-pub fn run(script: &str) -> Option<Result<String, String>> {
+/// (use the `nft` binary). `Some(Err(_))`: nftables refused the script; the error
+/// ([`NetError::Tool`], tool `nft`) carries its message.
+pub fn run(script: &str) -> Option<Result<String, NetError>> {
     let lib = LIB.get_or_init(load).as_ref()?;
     let Ok(cmd) = CString::new(script) else {
-        return Some(Err("the nftables script contains a NUL byte".into()));
+        return Some(Err(nft_error(
+            "the nftables script contains a NUL byte".into(),
+        )));
     };
     let lib = lib.lock().unwrap_or_else(|p| p.into_inner());
     // SAFETY: `lib.ctx` is a live context used only under this lock; `cmd` is NUL-terminated
@@ -116,8 +121,15 @@ pub fn run(script: &str) -> Option<Result<String, String>> {
     Some(if rc == 0 {
         Ok(out)
     } else {
-        Err(err.trim().to_string())
+        Err(nft_error(err.trim().to_string()))
     })
+}
+
+fn nft_error(message: String) -> NetError {
+    NetError::Tool {
+        tool: "nft",
+        message,
+    }
 }
 
 #[cfg(test)]
@@ -152,7 +164,7 @@ mod tests {
         ))
         .unwrap()
         .unwrap_err();
-        assert!(e.contains("No such file or directory"), "{e}");
+        assert!(e.to_string().contains("No such file or directory"), "{e}");
         assert!(run(&format!("list chain inet {t} d\n")).unwrap().is_err());
         run(&format!("delete table inet {t}\n")).unwrap().unwrap();
     }

@@ -1,16 +1,31 @@
-//! Per-sandbox networking: modes `none | allowlist | open`, allow rules by CIDR, port range and
-//! protocol, named domain groups resolved through the edge's DNS proxy, live rule changes and
-//! denied-packet counters.
+//! Sandbox networking on one node: modes `none | allowlist | open`, allow rules by CIDR, port
+//! range and protocol, named domain groups resolved through the node's DNS proxy, live rule
+//! changes and denied-packet counters.
 //!
-//! One file per concern: [`policy`] (pure rule logic), [`netns`] (namespace, veth, addresses),
-//! [`nft`] (host-side enforcement), [`dns`] (the DNS proxy), [`http`] (the two routes).
+//! # What this crate owns
 //!
-//! Nothing is touched on the host until the first sandbox with networking is created, so edges
-//! that never use networking leave the host's network configuration alone.
+//! Everything a sandbox's network is made of on the host, and its whole life: the named network
+//! namespace and routed veth pair with their addresses ([`netns`]), spare namespaces built ahead
+//! of demand ([`pool`]), the nftables table that enforces each sandbox's policy ([`nft`], run
+//! in-process through [`libnft`] where the library loads), the DNS proxy that answers only
+//! allowed names and opens the addresses it hands out ([`dns`]), the pure policy logic
+//! ([`policy`]), the claim that keeps two edges on one host off each other's names ([`owner`]),
+//! the typed `[edge.network]` config ([`config`]) and the errors ([`error`]). [`Network`] is the
+//! one entry point: attach, wait for rules, update, status, detach, re-adopt, reap, shut down.
+//!
+//! # What it must not do
+//!
+//! It knows nothing about sandbox lifecycle, substrates, records or HTTP: the edge decides when
+//! a sandbox is attached or detached (its `network` module is that glue) and maps
+//! [`NetError`]/[`PolicyError`] onto wire codes in its one error module. It depends only on the
+//! wire types, never on the edge, and it never touches the host's network configuration until
+//! the first sandbox with networking is attached, so edges that never use networking leave the
+//! host alone. It persists nothing itself: [`SavedNetwork`] is what the caller stores beside its
+//! record so that a restarted edge can [`Network::readopt`] a live sandbox.
 
+pub mod config;
 pub mod dns;
-pub mod hook;
-pub mod http;
+pub mod error;
 pub mod libnft;
 pub mod netns;
 pub mod nft;
@@ -28,167 +43,21 @@ use std::time::{Duration, Instant};
 use dsec_wire::api::{DnsGrant, NetworkMode, NetworkSpec, NetworkStatus};
 use serde::{Deserialize, Serialize};
 
-use crate::config::ConfigError;
+pub use config::{NetworkConfig, NetworkConfigError};
+pub use error::{NetError, PolicyError};
 use policy::Policy;
 
-/// `[edge.network]` of the config file.
-#[derive(Debug, Clone, Serialize, Deserialize)]
-#[serde(default, deny_unknown_fields)]
-pub struct NetworkConfig {
-    /// Private IPv4 block sandboxes get addresses from; its first address is the gateway and
-    /// the DNS proxy's address.
-    pub subnet_v4: String,
-    /// ULA IPv6 block (a /64) for sandbox addresses.
-    pub subnet_v6: String,
-    /// nftables table (family `inet`) the edge owns; also the prefix of namespace names.
-    pub table: String,
-    /// Prefix of the host ends of sandbox veths (1-3 characters).
-    pub veth_prefix: String,
-    /// Dummy interface holding the gateway address.
-    pub gateway_interface: String,
-    /// Domain groups: `pypi = ["pypi.test", "*.pypi.test"]`.
-    pub groups: BTreeMap<String, Vec<String>>,
-    /// Static DNS table: `"pypi.test" = "192.0.2.10"` (several addresses comma-separated;
-    /// `*.name` entries answer every name below).
-    pub hosts: BTreeMap<String, String>,
-    /// TTL of answers from `hosts`; a granted address leaves the allow set when it expires.
-    pub dns_ttl_s: u32,
-    /// TCP ports a name resolved through an enabled group may be reached on.
-    pub domain_ports: Vec<u16>,
-    /// MTU of sandbox veths. Large by default, like loopback: traffic between a sandbox and
-    /// the node's or other local hosts' services moves in few packets, while TCP to the outside
-    /// gets its MSS clamped to the outgoing route's MTU in the forward hook.
-    pub mtu: u32,
-    /// Spare namespaces with configured veths kept ready after the first networked create,
-    /// so that a create only adds its rules (0: build each sandbox's namespace on demand).
-    pub pool_size: usize,
-}
-
-impl Default for NetworkConfig {
-    fn default() -> Self {
-        Self {
-            subnet_v4: "10.201.0.0/16".into(),
-            subnet_v6: "fd00:d5ec::/64".into(),
-            table: "dsec".into(),
-            veth_prefix: "dsv".into(),
-            gateway_interface: "dsec0".into(),
-            // The groups the SDK's examples name (`network_rules={"pypi": True, "npm": False}`)
-            // exist out of the box, with made-up `.test` names: an operator points them at the
-            // package mirrors of their site in `[edge.network.groups]`.
-            groups: BTreeMap::from([
-                (
-                    "pypi".to_string(),
-                    vec!["pypi.test".to_string(), "*.pypi.test".to_string()],
-                ),
-                (
-                    "npm".to_string(),
-                    vec!["npm.test".to_string(), "*.npm.test".to_string()],
-                ),
-            ]),
-            hosts: BTreeMap::new(),
-            dns_ttl_s: 60,
-            domain_ports: vec![80, 443],
-            pool_size: 8,
-            mtu: 65520,
-        }
-    }
-}
-
-fn bad(key: &'static str, message: impl Into<String>) -> ConfigError {
-    ConfigError {
-        key,
-        message: message.into(),
-    }
-}
-
-impl NetworkConfig {
-    pub fn validate(&self) -> Result<(), ConfigError> {
-        let v4 = policy::parse_cidr(&self.subnet_v4).map_err(|m| bad("network.subnet_v4", m))?;
-        if !v4.is_v4() || !(8..=24).contains(&v4.prefix) {
-            return Err(bad(
-                "network.subnet_v4",
-                "must be an IPv4 block from /8 to /24",
-            ));
-        }
-        let v6 = policy::parse_cidr(&self.subnet_v6).map_err(|m| bad("network.subnet_v6", m))?;
-        if v6.is_v4() || v6.prefix != 64 {
-            return Err(bad("network.subnet_v6", "must be an IPv6 /64"));
-        }
-        let ident = |s: &str, max: usize| {
-            !s.is_empty()
-                && s.len() <= max
-                && s.bytes()
-                    .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_')
-        };
-        if !ident(&self.table, 24) {
-            return Err(bad("network.table", "must be 1-24 characters of [a-z0-9_]"));
-        }
-        if !ident(&self.veth_prefix, 3) {
-            return Err(bad(
-                "network.veth_prefix",
-                "must be 1-3 characters of [a-z0-9_]",
-            ));
-        }
-        if !ident(&self.gateway_interface, 15) {
-            return Err(bad(
-                "network.gateway_interface",
-                "must be 1-15 characters of [a-z0-9_]",
-            ));
-        }
-        for (g, patterns) in &self.groups {
-            for p in patterns {
-                policy::validate_pattern(p)
-                    .map_err(|m| bad("network.groups", format!("{g}: {m}")))?;
-            }
-        }
-        for (name, addrs) in &self.hosts {
-            policy::validate_pattern(name).map_err(|m| bad("network.hosts", m))?;
-            dns::parse_addrs(addrs).map_err(|m| bad("network.hosts", format!("{name}: {m}")))?;
-        }
-        if !(1280..=65535).contains(&self.mtu) {
-            return Err(bad(
-                "network.mtu",
-                "must be 1280..=65535 (IPv6 needs at least 1280)",
-            ));
-        }
-        if self.pool_size > 1024 {
-            return Err(bad("network.pool_size", "must be 0..=1024"));
-        }
-        if self.domain_ports.contains(&0) {
-            return Err(bad("network.domain_ports", "ports must be 1-65535"));
-        }
-        Ok(())
-    }
-}
-
-/// Why a network operation failed.
-#[derive(Debug, thiserror::Error)]
-pub enum NetError {
-    /// The request's rules are wrong; the message says how.
-    #[error("network policy: {0}")]
-    Policy(String),
-    #[error("{tool}: {message}")]
-    Tool { tool: &'static str, message: String },
-    #[error("no free sandbox address left in {0}")]
-    Exhausted(String),
-    #[error("DNS proxy: {0}")]
-    Dns(String),
-    /// Another edge on this host holds the network names ([`owner`]).
-    #[error("{0}")]
-    InUse(String),
-}
-
-impl From<NetError> for crate::error::EdgeError {
-    fn from(e: NetError) -> Self {
-        match e {
-            NetError::Policy(m) => crate::error::EdgeError::BadRequest(m),
-            NetError::InUse(m) => crate::error::EdgeError::Unavailable(m),
-            NetError::Exhausted(m) => {
-                crate::error::EdgeError::NodeFull(format!("no free sandbox address left in {m}"))
-            }
-            other => crate::error::EdgeError::Internal(other.to_string()),
-        }
-    }
+/// What the caller persists next to a sandbox's record so that [`Network::readopt`] can take
+/// the sandbox back after a restart.
+#[derive(Debug, Serialize, Deserialize)]
+pub struct SavedNetwork {
+    pub spec: NetworkSpec,
+    pub host_no: u32,
+    /// Namespace and host veth names (absent in records of older edges: derived from the id).
+    #[serde(default)]
+    pub ns: Option<String>,
+    #[serde(default)]
+    pub veth: Option<String>,
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -212,7 +81,7 @@ struct SbNet {
     rules: RulesGate,
 }
 
-type RulesGate = Arc<tokio::sync::Mutex<Option<Result<(), String>>>>;
+type RulesGate = Arc<tokio::sync::Mutex<Option<Result<(), NetError>>>>;
 
 /// A gate for rules that are already in the kernel (re-adopted sandboxes).
 fn rules_in_place() -> RulesGate {
@@ -443,7 +312,7 @@ impl Network {
             if let Err(e) = &applied {
                 tracing::error!(sandbox = %sandbox, error = %e, "add the sandbox's nftables chains");
             }
-            *gate = Some(applied.map_err(|e| e.to_string()));
+            *gate = Some(applied);
         });
         lock(&self.sandboxes).insert(id.to_string(), sb.clone());
         lock(&self.by_addr).insert(IpAddr::V4(ipv4), sb.clone());
@@ -467,10 +336,7 @@ impl Network {
         let outcome = sb.rules.lock().await;
         match &*outcome {
             Some(Ok(())) => Ok(()),
-            Some(Err(message)) => Err(NetError::Tool {
-                tool: "nft",
-                message: message.clone(),
-            }),
+            Some(Err(e)) => Err(e.clone()),
             None => Err(NetError::Tool {
                 tool: "nft",
                 message: "the task adding the sandbox's chains ended without an answer".into(),
@@ -494,17 +360,13 @@ impl Network {
 
     /// Takes back a sandbox that survived an edge restart: its namespace, veth and chains
     /// still exist; only the edge's memory of them is rebuilt.
-    pub async fn readopt(
-        self: &Arc<Self>,
-        id: &str,
-        saved: &hook::SavedNetwork,
-    ) -> Result<(), NetError> {
+    pub async fn readopt(self: &Arc<Self>, id: &str, saved: &SavedNetwork) -> Result<(), NetError> {
         self.ensure_init().await?;
         let policy = policy::from_request(Some(&saved.spec), &BTreeMap::new(), &self.cfg.groups)
             .map_err(NetError::Policy)?;
         let (ipv4, ipv6) = lock(&self.alloc)
             .take_specific(saved.host_no)
-            .ok_or_else(|| NetError::Policy(format!("address #{} is taken", saved.host_no)))?;
+            .ok_or(PolicyError::AddressTaken(saved.host_no))?;
         let key = key_of(id);
         let sb = Arc::new(SbNet {
             veth: saved
@@ -603,17 +465,13 @@ impl Network {
     /// Replaces a running sandbox's rules in one nftables transaction.
     pub async fn update(&self, id: &str, spec: &NetworkSpec) -> Result<(), NetError> {
         let Some(sb) = lock(&self.sandboxes).get(id).cloned() else {
-            return Err(NetError::Policy(format!(
-                "sandbox {id} was created with network mode `none`; its network namespace has only loopback and cannot be opened later (create it with `network.mode` allowlist or open)"
-            )));
+            return Err(PolicyError::CreatedWithoutNetwork(id.to_string()).into());
         };
         self.rules_ready(id).await?;
         let current = lock(&sb.policy).clone();
         let next = policy::update(&current, spec, &self.cfg.groups).map_err(NetError::Policy)?;
         if next.mode == NetworkMode::None {
-            return Err(NetError::Policy(
-                "a running sandbox cannot go back to mode `none`; use allowlist with no rules to cut it off".into(),
-            ));
+            return Err(PolicyError::BackToNone.into());
         }
         let base = self.resolved.base.clone();
         let s2 = sb.clone();
@@ -832,27 +690,6 @@ fn run_fed(tool: &'static str, args: &[&str], input: &str) -> Result<(), NetErro
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn config_validation() {
-        assert!(NetworkConfig::default().validate().is_ok());
-        let c = NetworkConfig {
-            subnet_v4: "10.0.0.0/30".into(),
-            ..Default::default()
-        };
-        assert_eq!(c.validate().unwrap_err().key, "network.subnet_v4");
-        let c = NetworkConfig {
-            veth_prefix: "toolong".into(),
-            ..Default::default()
-        };
-        assert_eq!(c.validate().unwrap_err().key, "network.veth_prefix");
-        let mut c = NetworkConfig::default();
-        c.hosts.insert("pypi.test".into(), "not-an-ip".into());
-        assert_eq!(c.validate().unwrap_err().key, "network.hosts");
-        let mut c = NetworkConfig::default();
-        c.groups.insert("pypi".into(), vec!["PyPI.test".into()]);
-        assert_eq!(c.validate().unwrap_err().key, "network.groups");
-    }
 
     #[test]
     fn keys() {

@@ -6,6 +6,8 @@ use std::net::IpAddr;
 
 use dsec_wire::api::{NetworkMode, NetworkRule, NetworkSpec};
 
+use crate::error::PolicyError;
+
 /// A transport protocol a rule allows.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
 pub enum Proto {
@@ -75,7 +77,7 @@ fn mask_v6(prefix: u8) -> u128 {
 }
 
 /// Parses `192.0.2.7`, `10.0.0.0/8`, `fd00::/64`; host bits must be zero.
-pub fn parse_cidr(s: &str) -> Result<Cidr, String> {
+pub fn parse_cidr(s: &str) -> Result<Cidr, PolicyError> {
     let (a, p) = match s.split_once('/') {
         Some((a, p)) => (a, Some(p)),
         None => (s, None),
@@ -83,37 +85,43 @@ pub fn parse_cidr(s: &str) -> Result<Cidr, String> {
     let addr: IpAddr = a
         .trim()
         .parse()
-        .map_err(|_| format!("{s:?} is not an IPv4/IPv6 address or CIDR"))?;
+        .map_err(|_| PolicyError::NotAnAddress { input: s.into() })?;
     let max = if addr.is_ipv4() { 32 } else { 128 };
-    let prefix = match p {
-        None => max,
-        Some(p) => p
-            .parse::<u8>()
-            .ok()
-            .filter(|p| *p <= max)
-            .ok_or_else(|| format!("{s:?}: prefix length must be 0..={max}"))?,
-    };
+    let prefix =
+        match p {
+            None => max,
+            Some(p) => p.parse::<u8>().ok().filter(|p| *p <= max).ok_or_else(|| {
+                PolicyError::PrefixLength {
+                    input: s.into(),
+                    max,
+                }
+            })?,
+        };
     let c = Cidr { addr, prefix };
     let clean = match addr {
         IpAddr::V4(v) => u32::from(v) & !mask_v4(prefix) == 0,
         IpAddr::V6(v) => u128::from(v) & !mask_v6(prefix) == 0,
     };
     if !clean {
-        return Err(format!(
-            "{s:?}: host bits are set beyond the /{prefix} prefix"
-        ));
+        return Err(PolicyError::HostBits {
+            input: s.into(),
+            prefix,
+        });
     }
     Ok(c)
 }
 
 /// Parses `443` or `8000-8100` (inclusive, 1..=65535).
-pub fn parse_ports(s: &str) -> Result<(u16, u16), String> {
+pub fn parse_ports(s: &str) -> Result<(u16, u16), PolicyError> {
     let one = |p: &str| {
         p.trim()
             .parse::<u16>()
             .ok()
             .filter(|p| *p > 0)
-            .ok_or_else(|| format!("ports {s:?}: {p:?} is not a port 1-65535"))
+            .ok_or_else(|| PolicyError::NotAPort {
+                input: s.into(),
+                port: p.into(),
+            })
     };
     let (lo, hi) = match s.split_once('-') {
         Some((a, b)) => (one(a)?, one(b)?),
@@ -123,7 +131,7 @@ pub fn parse_ports(s: &str) -> Result<(u16, u16), String> {
         }
     };
     if lo > hi {
-        return Err(format!("ports {s:?}: the range is reversed"));
+        return Err(PolicyError::ReversedPorts { input: s.into() });
     }
     Ok((lo, hi))
 }
@@ -138,7 +146,7 @@ pub struct Allow {
 }
 
 /// Expands a wire rule into one [`Allow`] per protocol.
-pub fn parse_rule(r: &NetworkRule) -> Result<Vec<Allow>, String> {
+pub fn parse_rule(r: &NetworkRule) -> Result<Vec<Allow>, PolicyError> {
     let cidr = parse_cidr(&r.cidr)?;
     let protos: Vec<Proto> = match r
         .protocol
@@ -150,14 +158,14 @@ pub fn parse_rule(r: &NetworkRule) -> Result<Vec<Allow>, String> {
         Some("tcp") => vec![Proto::Tcp],
         Some("udp") => vec![Proto::Udp],
         Some("icmp") | Some("icmpv6") => vec![Proto::Icmp],
-        Some(p) => return Err(format!("protocol {p:?} must be tcp, udp, icmp or any")),
+        Some(p) => return Err(PolicyError::Protocol(p.into())),
     };
     let ports = match &r.ports {
         None => None,
         Some(p) => Some(parse_ports(p)?),
     };
     if ports.is_some() && protos == [Proto::Icmp] {
-        return Err(format!("rule for {}: icmp has no ports", r.cidr));
+        return Err(PolicyError::IcmpPorts(r.cidr.clone()));
     }
     Ok(protos
         .into_iter()
@@ -217,7 +225,7 @@ pub fn pattern_matches(pattern: &str, name: &str) -> bool {
 }
 
 /// Checks a domain pattern of the edge config: a name or `*.` + a name, lower case.
-pub fn validate_pattern(p: &str) -> Result<(), String> {
+pub fn validate_pattern(p: &str) -> Result<(), PolicyError> {
     let name = p.strip_prefix("*.").unwrap_or(p);
     let ok = !name.is_empty()
         && name.len() <= 253
@@ -230,9 +238,7 @@ pub fn validate_pattern(p: &str) -> Result<(), String> {
     if ok {
         Ok(())
     } else {
-        Err(format!(
-            "domain pattern {p:?} must be a lower-case name or `*.` followed by one"
-        ))
+        Err(PolicyError::Pattern(p.into()))
     }
 }
 
@@ -242,7 +248,7 @@ pub fn from_request(
     spec: Option<&NetworkSpec>,
     network_rules: &BTreeMap<String, bool>,
     groups: &BTreeMap<String, Vec<String>>,
-) -> Result<Policy, String> {
+) -> Result<Policy, PolicyError> {
     let mut asked = network_rules.clone();
     if let Some(g) = spec.and_then(|s| s.groups.as_ref()) {
         asked.extend(g.iter().map(|(k, v)| (k.clone(), *v)));
@@ -261,7 +267,7 @@ pub fn update(
     current: &Policy,
     spec: &NetworkSpec,
     groups: &BTreeMap<String, Vec<String>>,
-) -> Result<Policy, String> {
+) -> Result<Policy, PolicyError> {
     let mode = spec.mode.unwrap_or(current.mode);
     let asked = spec
         .groups
@@ -275,12 +281,12 @@ fn build(
     rules: Vec<NetworkRule>,
     asked: BTreeMap<String, bool>,
     groups: &BTreeMap<String, Vec<String>>,
-) -> Result<Policy, String> {
+) -> Result<Policy, PolicyError> {
     if rules.len() > MAX_RULES {
-        return Err(format!("at most {MAX_RULES} network rules"));
+        return Err(PolicyError::TooManyRules);
     }
     if mode == NetworkMode::None && (!rules.is_empty() || asked.values().any(|v| *v)) {
-        return Err("network mode `none` takes no rules and enables no groups".into());
+        return Err(PolicyError::NoneWithRules);
     }
     let mut allows = Vec::new();
     for r in &rules {
@@ -292,14 +298,14 @@ fn build(
     for (name, on) in &asked {
         let Some(ps) = groups.get(name) else {
             let known: Vec<&str> = groups.keys().map(String::as_str).collect();
-            return Err(format!(
-                "unknown domain group {name:?} (this edge knows: {})",
-                if known.is_empty() {
+            return Err(PolicyError::UnknownGroup {
+                name: name.clone(),
+                known: if known.is_empty() {
                     "none".to_string()
                 } else {
                     known.join(", ")
-                }
-            ));
+                },
+            });
         };
         if *on {
             patterns.extend(ps.iter().map(|p| p.to_ascii_lowercase()));
@@ -426,6 +432,7 @@ mod tests {
         assert_eq!(p.mode, NetworkMode::None);
         assert!(from_request(None, &[("nope".to_string(), true)].into(), &g)
             .unwrap_err()
+            .to_string()
             .contains("unknown domain group"));
         let spec = NetworkSpec {
             mode: Some(NetworkMode::None),

@@ -4,8 +4,8 @@ use axum::extract::State;
 use axum::Json;
 use dsec_wire::api::{NetworkSpec, NetworkStatus};
 
+use super::{ApiJson, ApiPath, AppState};
 use crate::error::EdgeError;
-use crate::http::{ApiJson, ApiPath, AppState};
 
 pub async fn get(
     State(s): State<AppState>,

@@ -1,13 +1,17 @@
 //! The few calls the sandbox manager makes into networking and disk limits at create, stop
 //! and recovery, so that the manager's own code changes by a line per step.
+//!
+//! This is the glue between the sandbox lifecycle and [`dsec_network`] (which owns namespaces,
+//! veths, nftables, the DNS proxy and policy): it validates the request, persists
+//! [`SavedNetwork`] beside the sandbox's record, writes the sandbox's `resolv.conf`, and
+//! attaches, waits for, releases and re-adopts the sandbox's network at the right steps.
 
 use std::path::Path;
 use std::sync::Arc;
 
+use dsec_network::{Network, SavedNetwork};
 use dsec_wire::api::{CreateSandboxRequest, NetworkMode, NetworkSpec};
-use serde::{Deserialize, Serialize};
 
-use super::Network;
 use crate::config::EdgeConfig;
 use crate::error::EdgeError;
 
@@ -17,18 +21,8 @@ pub struct Extras {
     pub netns: Option<Arc<std::os::fd::OwnedFd>>,
 }
 
-/// Persisted next to the record so a re-adopted sandbox keeps its network.
-#[derive(Debug, Serialize, Deserialize)]
-pub struct SavedNetwork {
-    pub spec: NetworkSpec,
-    pub host_no: u32,
-    /// Namespace and host veth names (absent in records of older edges: derived from the id).
-    #[serde(default)]
-    pub ns: Option<String>,
-    #[serde(default)]
-    pub veth: Option<String>,
-}
-
+/// Where [`SavedNetwork`] is persisted, in the sandbox's directory, so that a re-adopted
+/// sandbox keeps its network.
 const SAVED: &str = "network.json";
 
 /// Largest disk limit a request may ask for (MiB).

@@ -13,8 +13,8 @@ use std::net::{Ipv4Addr, Ipv6Addr};
 use std::os::fd::OwnedFd;
 use std::process::{Command, Stdio};
 
-use super::policy::Cidr;
-use super::NetError;
+use crate::policy::Cidr;
+use crate::NetError;
 
 /// Hands out host numbers 2.. within the subnets (1 is the gateway).
 #[derive(Debug)]
@@ -91,7 +91,7 @@ fn ip_batch(ns: Option<&str>, lines: &str) -> Result<(), NetError> {
         args.extend(["-n", ns]);
     }
     args.extend(["-batch", "-"]);
-    super::run_fed("ip", &args, lines)
+    crate::run_fed("ip", &args, lines)
         .map_err(|e| with_context(e, format!("(commands: {})", lines.replace('\n', "; "))))
 }
 
@@ -259,7 +259,7 @@ pub fn leftovers(ns_prefix: &str, veth_prefix: &str) -> (Vec<String>, Vec<String
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::network::policy::parse_cidr;
+    use crate::policy::parse_cidr;
 
     #[test]
     fn allocation() {

@@ -13,7 +13,7 @@ use std::io::{Read as _, Seek as _, Write as _};
 use std::os::fd::AsRawFd as _;
 use std::path::{Path, PathBuf};
 
-use super::NetError;
+use crate::NetError;
 
 /// Where the lock files live (`DSEC_RUN_DIR` overrides, for tests).
 fn run_dir() -> PathBuf {
