@@ -162,6 +162,9 @@ pub async fn up(a: UpArgs) -> anyhow::Result<()> {
     if let Some(n) = a.node_id {
         edge.node_id = n;
     }
+    // Environment overrides of single keys, then every key checked before anything starts.
+    edge.apply_env()?;
+    edge.validate()?;
     let edge_listen = a
         .edge_listen
         .or(edge_listen_set.then_some(edge.listen))
@@ -255,6 +258,8 @@ pub async fn edge(a: EdgeArgs) -> anyhow::Result<()> {
     if a.token.is_some() {
         edge.token = a.token;
     }
+    edge.apply_env()?;
+    edge.validate()?;
     let listener = tokio::net::TcpListener::bind(edge.listen)
         .await
         .with_context(|| format!("listen on {}", edge.listen))?;

@@ -79,6 +79,10 @@ pub struct EdgeConfig {
     /// `[edge.reclaim]`: zram swap tier, cold-memory reclaim, node memory pressure (see
     /// [`crate::reclaim`]).
     pub reclaim: crate::reclaim::ReclaimConfig,
+    /// `[edge.microvm]`: how microVMs run QEMU (see [`crate::vm_config`]).
+    pub microvm: crate::vm_config::MicroVmSection,
+    /// `[edge.vm]`: how full VMs run QEMU (see [`crate::vm_config`]).
+    pub vm: crate::vm_config::VmSection,
 }
 
 impl Default for EdgeConfig {
@@ -119,6 +123,8 @@ impl Default for EdgeConfig {
             functions: Default::default(),
             qos: Default::default(),
             reclaim: Default::default(),
+            microvm: Default::default(),
+            vm: Default::default(),
         }
     }
 }
@@ -166,6 +172,7 @@ impl EdgeConfig {
         if let Err((key, message)) = self.qos.validate() {
             return Err(bad(key, message));
         }
+        crate::vm_config::validate(&self.microvm, &self.vm)?;
         if !is_valid_node_id(&self.node_id) {
             return Err(bad(
                 "node_id",
@@ -285,6 +292,13 @@ impl EdgeConfig {
             }
         }
         Ok(())
+    }
+
+    /// Applies the environment variables that override single keys (the `DSEC_*` variables of
+    /// [`crate::vm_config::ENV_KEYS`]); [`EdgeConfig::validate`] then checks the result like
+    /// values from the file. A value that is not of the key's type is an error naming the key.
+    pub fn apply_env(&mut self) -> Result<(), ConfigError> {
+        crate::vm_config::apply_env(&mut self.microvm, &mut self.vm, &|k| std::env::var(k).ok())
     }
 
     /// `<data_dir>/edge`.
@@ -420,6 +434,11 @@ mod tests {
                 "advertise_url",
                 Box::new(|c| c.advertise_url = Some("edge:1".into())),
             ),
+            (
+                "microvm.accel",
+                Box::new(|c| c.microvm.accel = "kvmm".into()),
+            ),
+            ("vm.accel", Box::new(|c| c.vm.accel = Some("hvf".into()))),
         ];
         for (key, f) in cases {
             let mut c = EdgeConfig::default();
@@ -436,6 +455,10 @@ mod tests {
         assert_eq!(c.node_id, "n7");
         assert_eq!(c.capacity, 10);
         assert_eq!(c.default_memory_mb, 1024);
+        let c: EdgeConfig =
+            toml::from_str("[microvm]\naccel = \"kvm\"\n[vm]\nmachine = \"pc\"\n").unwrap();
+        assert_eq!(c.microvm.accel, "kvm");
+        assert_eq!(c.vm.machine.as_deref(), Some("pc"));
         let err = toml::from_str::<EdgeConfig>("capacty = 10\n").unwrap_err();
         assert!(err.to_string().contains("capacty"), "{err}");
     }

@@ -11,7 +11,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use dsec_runtime::container::adopt::AdoptError;
-use dsec_runtime::fullvm::{FullVmConfig, FullVmSandbox, FullVmSubstrate};
+use dsec_runtime::fullvm::{FullVmSandbox, FullVmSubstrate};
 use dsec_runtime::substrate::{CreateSandboxError, SandboxSpec, Substrate as _};
 
 use crate::substrate::{BoxFut, Driver, LiveSandbox};
@@ -80,9 +80,14 @@ pub fn check_request(req: &dsec_wire::api::CreateSandboxRequest) -> Result<Strin
     Ok(req.image.clone())
 }
 
-/// The driver if QEMU and qemu-img are installed, else why not (for the 501).
-pub fn driver() -> Result<Arc<dyn Driver>, String> {
-    let config = FullVmConfig::from_env();
+/// The driver if QEMU and qemu-img are installed, else why not (for the 501). `microvm` and
+/// `vm` are the validated `[edge.microvm]` and `[edge.vm]` of the edge config (a full VM uses
+/// the microVMs' accelerator and QEMU unless `[edge.vm]` says otherwise).
+pub fn driver(
+    microvm: &crate::vm_config::MicroVmSection,
+    vm: &crate::vm_config::VmSection,
+) -> Result<Arc<dyn Driver>, String> {
+    let config = vm.runtime_config(microvm).map_err(|e| e.to_string())?;
     for bin in [&config.qemu_binary, &config.qemu_img] {
         if !crate::microvm::installed(bin) {
             return Err(format!(

@@ -47,6 +47,7 @@ pub mod substrate;
 pub mod trajectory;
 pub mod ttl;
 pub mod tty;
+pub mod vm_config;
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -178,10 +179,11 @@ impl Edge {
         if let Some(aether) = vm_aether {
             manager.set_microvm_driver(microvm::driver(
                 aether,
-                &images.blob_store(),
+                images.blob_dir(),
                 &cfg.edge_dir(),
+                &cfg.microvm,
             ));
-            manager.set_fullvm_driver(fullvm::driver());
+            manager.set_fullvm_driver(fullvm::driver(&cfg.microvm, &cfg.vm));
         }
         // Stale host mounts first: re-adopted sandboxes re-take fresh leases (their own overlays
         // keep private references to the layers they were built on).

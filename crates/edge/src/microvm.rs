@@ -12,34 +12,15 @@ use std::sync::Arc;
 use dsec_runtime::aether_client::AetherClient;
 use dsec_runtime::container::adopt::AdoptError;
 use dsec_runtime::container::pause::PauseError;
-use dsec_runtime::microvm::template::TemplateConfig;
 use dsec_runtime::microvm::vm::{destroy_vm, VmSandbox};
-use dsec_runtime::microvm::{MicroVmConfig, MicroVmSandbox, MicroVmSubstrate};
+use dsec_runtime::microvm::{MicroVmSandbox, MicroVmSubstrate};
 use dsec_runtime::substrate::{
     CreateSandboxError, DestroySandboxError, SandboxSpec, Substrate as _, Usage,
 };
 use dsec_wire::api::PauseReport;
 
 use crate::substrate::{BoxFut, Driver, LiveSandbox, WritableLayer};
-
-/// Where the guest kernel and initramfs are cached (`${DSEC_CACHE:-/var/cache/dsec}/guest`,
-/// or `DSEC_GUEST_DIR`).
-pub fn guest_dir() -> PathBuf {
-    if let Some(d) = std::env::var_os("DSEC_GUEST_DIR") {
-        return PathBuf::from(d);
-    }
-    let cache = std::env::var_os("DSEC_CACHE")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from("/var/cache/dsec"));
-    cache.join("guest")
-}
-
-/// The directory of a `local:`/`posix:` blob store description (`kind:/dir[ (fs)]`).
-pub fn blob_dir_of(describe: &str) -> Option<PathBuf> {
-    let (_, rest) = describe.split_once(':')?;
-    let dir = rest.split(" (").next()?.trim();
-    (!dir.is_empty()).then(|| PathBuf::from(dir))
-}
+use crate::vm_config::MicroVmSection;
 
 /// Whether `bin` (a path, or a name looked up in `PATH`) is an installed file.
 pub fn installed(bin: &std::path::Path) -> bool {
@@ -53,18 +34,18 @@ pub fn installed(bin: &std::path::Path) -> bool {
 
 /// The driver if the guest is built and QEMU is installed, else why not (for the 501).
 ///
-/// microVM templates (restore-from-template boots, `DSEC_MICROVM_TEMPLATES=0` turns them off)
-/// live in `<edge dir>/microvm-templates`.
+/// `section` is the validated `[edge.microvm]` of the edge config; `blob_dir` the image store's
+/// blob directory. microVM templates (restore-from-template boots, `templates = false` turns
+/// them off) live in `<edge dir>/microvm-templates`.
 pub fn driver(
     aether_path: PathBuf,
-    blob_store: &str,
+    blob_dir: Option<PathBuf>,
     edge_dir: &std::path::Path,
+    section: &MicroVmSection,
 ) -> Result<Arc<dyn Driver>, String> {
-    let config = MicroVmConfig::from_env(
-        guest_dir(),
-        aether_path,
-        blob_dir_of(blob_store).into_iter().collect(),
-    );
+    let config = section
+        .runtime_config(aether_path, blob_dir.into_iter().collect())
+        .map_err(|e| e.to_string())?;
     config.check_guest()?;
     let qemu = &config.qemu_binary;
     if !installed(qemu) {
@@ -77,7 +58,7 @@ pub fn driver(
         guest = %config.guest_dir.display(), accel = config.accel.as_str(),
         machine = config.machine.as_str(), "microVM substrate available"
     );
-    let templates = TemplateConfig::from_env(edge_dir.join("microvm-templates"));
+    let templates = section.template_config(&edge_dir.join("microvm-templates"));
     tracing::info!(
         enabled = templates.enabled, max = templates.max,
         dir = %templates.dir.display(), "microVM templates"
@@ -307,22 +288,4 @@ pub async fn remove_templates(
 ) -> Result<axum::Json<serde_json::Value>, crate::error::EdgeError> {
     let removed = s.mgr.remove_microvm_templates()?;
     Ok(axum::Json(serde_json::json!({ "removed": removed })))
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn blob_dirs_from_store_descriptions() {
-        assert_eq!(
-            blob_dir_of("local:/var/lib/dsec/images/blobs"),
-            Some(PathBuf::from("/var/lib/dsec/images/blobs"))
-        );
-        assert_eq!(
-            blob_dir_of("posix:/mnt/blobs (nfs)"),
-            Some(PathBuf::from("/mnt/blobs"))
-        );
-        assert_eq!(blob_dir_of("nonsense"), None);
-    }
 }

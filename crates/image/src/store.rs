@@ -403,6 +403,12 @@ impl ImageStore {
         self.inner.blobs.describe()
     }
 
+    /// The directory holding the layers' data blobs as `<digest>.blob` (None: the store is
+    /// not a directory).
+    pub fn blob_dir(&self) -> Option<PathBuf> {
+        self.inner.blobs.dir().map(Path::to_path_buf)
+    }
+
     /// How long an unused layer stays mounted (default 30 s). Applies to releases from now on.
     pub fn set_unmount_grace(&self, grace: Duration) {
         let ms = u64::try_from(grace.as_millis()).unwrap_or(u64::MAX);

@@ -5,12 +5,17 @@
 //! * [`container`] — our own container runtime: clone into namespaces, cgroups, handing the
 //!   channel to aether (which builds the root inside the new mount namespace).
 //! * [`cgroup`] — cgroup v1 and v2 drivers, one file per version.
+//! * [`qemu`] — QEMU, shared by both VM substrates: process, snapshot (pause/resume), QMP,
+//!   command-line parts, the channel relay, VM networking.
 //! * [`microvm`] — QEMU guests with their own kernel, aether over virtio-serial.
 //! * [`fullvm`] — QEMU PCs booting a whole disk image through the firmware (or direct kernel).
+//! * [`error`] — the errors of pause/resume and adopt, shared by every substrate.
 
 pub mod aether_client;
 pub mod cgroup;
 pub mod container;
+pub mod error;
 pub mod fullvm;
 pub mod microvm;
+pub mod qemu;
 pub mod substrate;

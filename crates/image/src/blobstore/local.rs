@@ -24,6 +24,9 @@ impl BlobStore for LocalStore {
     fn describe(&self) -> String {
         format!("local:{}", self.objects.dir().display())
     }
+    fn dir(&self) -> Option<&Path> {
+        Some(self.objects.dir())
+    }
     fn put(&self, key: &str, src: &Path) -> io::Result<()> {
         self.objects.put(key, src, true)
     }

@@ -31,6 +31,9 @@ pub use posix::PosixStore;
 pub trait BlobStore: Send + Sync + fmt::Debug {
     /// `kind:location`, for listings and logs (`local:/var/lib/...`, `posix:/mnt/blobs`).
     fn describe(&self) -> String;
+    /// The directory holding the objects as `<key>` files, when the store is a directory
+    /// (a local one, or a mounted distributed file system); VMs attach blobs from it.
+    fn dir(&self) -> Option<&Path>;
     /// Stores the file `src` under `key` atomically (readers never see a partial object).
     /// An existing object with that key is kept (objects are content-addressed).
     fn put(&self, key: &str, src: &Path) -> io::Result<()>;
@@ -225,8 +228,10 @@ mod tests {
         let d = tempfile::tempdir().unwrap();
         let s = from_spec("local", d.path()).unwrap();
         assert!(s.describe().starts_with("local:"));
+        assert!(s.dir().is_some_and(|p| p.starts_with(d.path())));
         let s = from_spec(&format!("posix:{}", d.path().display()), d.path()).unwrap();
         assert!(s.describe().starts_with("posix:"));
+        assert!(s.dir().is_some_and(|p| p.starts_with(d.path())));
         assert!(from_spec("s4:/x", d.path()).is_err());
         assert!(from_spec("posix", d.path()).is_err());
     }

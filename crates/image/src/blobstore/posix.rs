@@ -66,6 +66,9 @@ impl BlobStore for PosixStore {
     fn describe(&self) -> String {
         format!("posix:{} ({})", self.objects.dir().display(), self.fs_type)
     }
+    fn dir(&self) -> Option<&Path> {
+        Some(self.objects.dir())
+    }
     fn put(&self, key: &str, src: &Path) -> io::Result<()> {
         self.objects.put(key, src, false)
     }

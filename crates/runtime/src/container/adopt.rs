@@ -31,27 +31,7 @@ pub const SOCKET_NAME: &str = "aether.sock";
 /// How long a reattached aether may take to send `Ready`.
 pub const READY_TIMEOUT: Duration = Duration::from_secs(5);
 
-#[derive(Debug, thiserror::Error)]
-pub enum AdoptError {
-    #[error("sandbox {id}: its agent (pid {pid}) is gone")]
-    Gone { id: String, pid: i32 },
-    #[error("sandbox {id}: pid {pid} is not its agent any more (pid reused)")]
-    NotOurs { id: String, pid: i32 },
-    #[error("sandbox {id}: connect to {path}: {source}")]
-    Connect {
-        id: String,
-        path: PathBuf,
-        source: io::Error,
-    },
-    #[error("sandbox {id}: the agent did not answer the reattach: {reason}")]
-    NoReady { id: String, reason: String },
-    #[error("sandbox {id}: {what}: {source}")]
-    Io {
-        id: String,
-        what: String,
-        source: io::Error,
-    },
-}
+pub use crate::error::AdoptError;
 
 /// The reattach socket's path for a sandbox dir.
 pub fn socket_path(dir: &Path) -> PathBuf {

@@ -17,17 +17,8 @@ use std::time::Instant;
 use dsec_wire::api::PauseReport;
 
 use super::ContainerSandbox;
-use crate::cgroup::{Cgroup, CgroupError};
-
-#[derive(Debug, thiserror::Error)]
-pub enum PauseError {
-    #[error("freeze sandbox {id}: {source}")]
-    Freeze { id: String, source: CgroupError },
-    #[error("thaw sandbox {id}: {source}")]
-    Thaw { id: String, source: CgroupError },
-    #[error("pause task: {0}")]
-    Task(String),
-}
+use crate::cgroup::Cgroup;
+pub use crate::error::PauseError;
 
 /// Memory of one cgroup split the way a pause report needs it.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]

@@ -12,7 +12,7 @@
 //!    unit), speaks the framed protocol in bare mode and greets with `Ready`.
 //!
 //! QEMU's life (boot, pause by snapshot + resume from it, kill, death detection) is the
-//! microVM substrate's [`crate::microvm::vm::Vm`]: the same machinery for both kinds of VM.
+//! microVM substrate's [`crate::qemu::vm::Vm`]: the same machinery for both kinds of VM.
 //!
 //! An image is a disk file; direct kernel boot is chosen when files with the same stem sit
 //! beside it: `<stem>.kernel` (required), `<stem>.initrd`, `<stem>.cmdline` (kernel command
@@ -30,9 +30,9 @@ use dsec_wire::aether::Request;
 use dsec_wire::api::PauseReport;
 
 use crate::aether_client::AetherClient;
-use crate::container::pause::PauseError;
-use crate::microvm::vm::{self, Launch, Vm};
-use crate::microvm::Accel;
+use crate::error::PauseError;
+use crate::qemu::vm::{self, Launch, Vm};
+use crate::qemu::Accel;
 use crate::substrate::{
     CreateSandboxError, DestroySandboxError, Sandbox, SandboxSpec, Substrate, Usage,
 };
@@ -55,38 +55,23 @@ pub struct FullVmConfig {
 }
 
 impl FullVmConfig {
-    /// Defaults from the environment: the accelerator ([`detect_accel`]), `DSEC_VM_MACHINE`
-    /// (`q35` | `pc`, default `q35`), `DSEC_QEMU`, `DSEC_QEMU_IMG`.
-    pub fn from_env() -> Self {
-        let machine = match std::env::var("DSEC_VM_MACHINE").as_deref() {
-            Ok("pc") => PcMachine::Pc,
-            _ => PcMachine::Q35,
-        };
-        let bin = |var: &str, default: &str| {
-            std::env::var_os(var)
-                .map(PathBuf::from)
-                .unwrap_or_else(|| PathBuf::from(default))
-        };
+    /// The defaults (the `[edge.vm]` section of the edge config sets them otherwise): TCG
+    /// (this project's machines have a `/dev/kvm` that cannot run a stock guest kernel, so KVM
+    /// is opt-in on production hosts), `q35`, `qemu-system-x86_64`, `qemu-img`.
+    pub fn new() -> Self {
         FullVmConfig {
-            qemu_binary: bin("DSEC_QEMU", "qemu-system-x86_64"),
-            qemu_img: bin("DSEC_QEMU_IMG", "qemu-img"),
-            accel: detect_accel(),
-            machine,
+            qemu_binary: PathBuf::from("qemu-system-x86_64"),
+            qemu_img: PathBuf::from("qemu-img"),
+            accel: Accel::Tcg,
+            machine: PcMachine::Q35,
             boot_timeout: Duration::from_secs(240),
         }
     }
 }
 
-/// The accelerator, the same rule as the microVM substrate: `DSEC_VM_ACCEL`, else
-/// `DSEC_MICROVM_ACCEL`, `kvm` or `tcg`; default TCG (this project's machines have a
-/// `/dev/kvm` that cannot run a stock guest kernel, so KVM is opt-in on production hosts).
-pub fn detect_accel() -> Accel {
-    let pick = std::env::var("DSEC_VM_ACCEL")
-        .or_else(|_| std::env::var("DSEC_MICROVM_ACCEL"))
-        .unwrap_or_default();
-    match pick.as_str() {
-        "kvm" => Accel::Kvm,
-        _ => Accel::Tcg,
+impl Default for FullVmConfig {
+    fn default() -> Self {
+        Self::new()
     }
 }
 
@@ -202,7 +187,7 @@ impl Sandbox for FullVmSandbox {
         self.vm.pid()
     }
     fn usage(&self) -> Usage {
-        let (rss, _, _) = crate::microvm::vm::rss_of(self.vm.pid());
+        let (rss, _, _) = crate::qemu::vm::rss_of(self.vm.pid());
         Usage {
             memory_bytes: rss,
             pids: 1,
@@ -331,7 +316,7 @@ impl FullVmSubstrate {
         });
         let mut args = args;
         // A NIC on the sandbox's network namespace (microvm/net.rs); config through fw_cfg.
-        if let Some(n) = crate::microvm::net::attach(spec.netns.clone(), vm_dir).await? {
+        if let Some(n) = crate::qemu::net::attach(spec.netns.clone(), vm_dir).await? {
             args.extend(qemu::network_args(&n));
         }
         let launch = Launch {
@@ -387,7 +372,7 @@ impl FullVmSubstrate {
     /// Takes over a paused full VM of an earlier edge run: its state is the snapshot and the
     /// qcow2 overlay in `<sandbox dir>/vm`, with the QEMU command line (`qemu.args`) that
     /// restores it. A VM that was running when the edge went away is not adoptable (its
-    /// channel is gone); the caller ends its QEMU ([`crate::microvm::vm::kill_leftover_qemu`]).
+    /// channel is gone); the caller ends its QEMU ([`crate::qemu::vm::kill_leftover_qemu`]).
     pub fn adopt_paused(&self, id: &str, sandbox_dir: &Path) -> Result<FullVmSandbox, String> {
         let vm_dir = sandbox_dir.join("vm");
         if !vm_dir.join("overlay.qcow2").is_file() {

@@ -2,8 +2,8 @@
 
 use std::path::Path;
 
-use crate::microvm::qemu::{control_args, esc};
-use crate::microvm::Accel;
+use crate::qemu::args::{control_args, esc};
+use crate::qemu::Accel;
 
 /// The PC machine type: `q35` (PCIe, the default) or `pc` (i440FX).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -13,6 +13,18 @@ pub enum PcMachine {
 }
 
 impl PcMachine {
+    /// The names [`PcMachine::parse`] accepts, for error messages.
+    pub const ALLOWED: &'static str = "\"q35\" or \"pc\"";
+
+    /// `q35` | `pc`.
+    pub fn parse(s: &str) -> Option<PcMachine> {
+        match s {
+            "q35" => Some(PcMachine::Q35),
+            "pc" => Some(PcMachine::Pc),
+            _ => None,
+        }
+    }
+
     pub fn as_str(self) -> &'static str {
         match self {
             PcMachine::Q35 => "q35",
@@ -99,18 +111,18 @@ pub fn command_line(a: &FullVmArgs<'_>) -> Vec<String> {
 /// fw_cfg item holding a networked VM's configuration (read by the disk's initramfs).
 pub const NET_FW_CFG: &str = "opt/dsec/net";
 
-/// The NIC of a networked full VM: the tap and virtio-net device of [`crate::microvm::net`],
+/// The NIC of a networked full VM: the tap and virtio-net device of [`crate::qemu::net`],
 /// and its configuration (`IPV4,GATEWAY,IPV6|-,MTU,MAC`, as a microVM's `dsec.net=`) as the
 /// fw_cfg item [`NET_FW_CFG`]: a firmware-booted guest's kernel command line belongs to its
 /// boot loader, so the configuration cannot travel there.
-pub fn network_args(net: &crate::microvm::net::VmNet) -> Vec<String> {
-    let cfg = crate::microvm::net::kernel_arg(net);
+pub fn network_args(net: &crate::qemu::net::VmNet) -> Vec<String> {
+    let cfg = crate::qemu::net::kernel_arg(net);
     let value = cfg.strip_prefix("dsec.net=").unwrap_or(&cfg);
     let mut v = vec![
         "-fw_cfg".to_string(),
         format!("name={NET_FW_CFG},string={}", value.replace(',', ",,")),
     ];
-    v.extend(crate::microvm::net::qemu_args(net, "virtio-net-pci"));
+    v.extend(crate::qemu::net::qemu_args(net, "virtio-net-pci"));
     v
 }
 
@@ -121,13 +133,13 @@ mod tests {
     #[test]
     fn network_through_fw_cfg() {
         let ip = std::net::Ipv4Addr::new(10, 201, 0, 9);
-        let net = crate::microvm::net::VmNet {
+        let net = crate::qemu::net::VmNet {
             netns: "/run/netns/x".into(),
             ipv4: ip,
             gateway: std::net::Ipv4Addr::new(10, 201, 0, 1),
             ipv6: Some("fd00::9".parse().unwrap()),
             mtu: 1500,
-            mac: crate::microvm::net::mac_for(ip),
+            mac: crate::qemu::net::mac_for(ip),
         };
         let s = network_args(&net).join(" ");
         assert!(s.starts_with(

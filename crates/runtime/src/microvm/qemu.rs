@@ -1,65 +1,10 @@
-//! The QEMU command line of one guest.
+//! The QEMU command line of one microVM guest (the parts every VM shares are in
+//! [`crate::qemu::args`]).
 
 use std::path::{Path, PathBuf};
 
-/// Which accelerator QEMU uses.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Accel {
-    Kvm,
-    Tcg,
-}
-
-impl Accel {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Accel::Kvm => "kvm",
-            Accel::Tcg => "tcg",
-        }
-    }
-
-    /// The guest CPU model. It must offer RDRAND: a guest kernel without a trusted CPU RNG
-    /// initialises its CRNG from interrupt jitter, and the first `getrandom` (aether's first
-    /// command, anything hashing with a random seed) blocks until then — ≈ 1.5 s after boot
-    /// under TCG. `qemu64` (QEMU's default) lacks RDRAND; TCG emulates it with `+rdrand`.
-    pub fn cpu_model(self) -> &'static str {
-        match self {
-            Accel::Kvm => "host",
-            Accel::Tcg => "qemu64,+rdrand",
-        }
-    }
-}
-
-/// The size of TCG's translation cache in MiB unless `DSEC_MICROVM_TCG_TB_MB` says otherwise
-/// (`0`: QEMU's own default). QEMU 7.2 reserves 1 GiB by default and fills it before it
-/// flushes, so each guest's cache only grows (≈ 100 MB resident after a boot and a Python
-/// task, anonymous and private to the VM). A smaller cache is flushed and refilled more often
-/// — code that runs again is translated again — which costs CPU time, not memory.
-/// Only TCG has one (KVM runs guest code natively).
-pub const DEFAULT_TCG_TB_MB: u64 = 64;
-
-/// The translation cache size to ask QEMU for (None: QEMU's default), from the value of
-/// `DSEC_MICROVM_TCG_TB_MB` (unset or not a number: [`DEFAULT_TCG_TB_MB`]).
-pub fn tcg_tb_mb_from(env: Option<&str>) -> Option<u64> {
-    match env.map(|s| s.trim().parse::<u64>()) {
-        Some(Ok(0)) => None,
-        Some(Ok(n)) => Some(n),
-        Some(Err(_)) | None => Some(DEFAULT_TCG_TB_MB),
-    }
-}
-
-/// The `-accel` option value: the accelerator and, under TCG, its translation cache size.
-fn accel_option(accel: Accel, tb_mb: Option<u64>) -> String {
-    match (accel, tb_mb) {
-        (Accel::Tcg, Some(n)) => format!("tcg,tb-size={n}"),
-        _ => accel.as_str().to_string(),
-    }
-}
-
-/// A path as a QEMU option value: a literal `,` is written twice (`,` separates options).
-/// Shared by the microVM and full-VM command lines.
-pub(crate) fn esc(p: &Path) -> String {
-    p.display().to_string().replace(',', ",,")
-}
+use crate::qemu::args::{accel_option, control_args, esc};
+pub use crate::qemu::args::{tcg_tb_mb, Accel, DEFAULT_TCG_TB_MB};
 
 /// The machine type.
 ///
@@ -87,6 +32,9 @@ impl Machine {
     }
 
     /// `microvm` | `pc`.
+    /// The names [`Machine::parse`] accepts, for error messages.
+    pub const ALLOWED: &'static str = "\"microvm\" or \"pc\"";
+
     pub fn parse(s: &str) -> Option<Machine> {
         match s {
             "microvm" => Some(Machine::Microvm),
@@ -152,6 +100,8 @@ pub struct QemuArgs<'a> {
     pub balloon: bool,
     /// The guest's TSC frequency, given to the kernel on `microvm` ([`host_tsc_khz`]).
     pub tsc_khz: Option<u64>,
+    /// TCG's translation cache in MiB (None: QEMU's default; see [`DEFAULT_TCG_TB_MB`]).
+    pub tcg_tb_mb: Option<u64>,
 }
 
 /// The host's TSC frequency in kHz, measured once against `CLOCK_MONOTONIC` (None when the
@@ -262,10 +212,7 @@ pub fn command_line(a: &QemuArgs<'_>) -> Vec<String> {
         )
     };
     let smp = a.vcpus.max(1).to_string();
-    let accel = accel_option(
-        a.accel,
-        tcg_tb_mb_from(std::env::var("DSEC_MICROVM_TCG_TB_MB").ok().as_deref()),
-    );
+    let accel = accel_option(a.accel, a.tcg_tb_mb);
     push(&[
         "-M",
         machine,
@@ -370,32 +317,6 @@ pub fn command_line(a: &QemuArgs<'_>) -> Vec<String> {
     v
 }
 
-/// The arguments every VM of ours ends with: the aether channel (virtio-serial port
-/// `dsec.aether` on a unix socket the edge connects to, through `serial_device`), the QMP
-/// socket and the pidfile.
-pub(crate) fn control_args(
-    serial_device: &str,
-    aether_socket: &Path,
-    qmp_socket: &Path,
-    pidfile: &Path,
-) -> Vec<String> {
-    vec![
-        "-device".into(),
-        serial_device.into(),
-        "-chardev".into(),
-        format!(
-            "socket,id=aether,path={},server=on,wait=off",
-            esc(aether_socket)
-        ),
-        "-device".into(),
-        "virtserialport,chardev=aether,name=dsec.aether".into(),
-        "-qmp".into(),
-        format!("unix:{},server=on,wait=off", esc(qmp_socket)),
-        "-pidfile".into(),
-        esc(pidfile),
-    ]
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -432,6 +353,7 @@ mod tests {
             upper: None,
             balloon: false,
             tsc_khz: None,
+            tcg_tb_mb: None,
         })
         .join(" ");
         assert!(s.contains("-m 256M,slots=1,maxmem=262M"), "{s}");
@@ -477,6 +399,7 @@ mod tests {
             upper: Some(Path::new("/d/upper.img")),
             balloon: true,
             tsc_khz: Some(2_596_120),
+            tcg_tb_mb: Some(DEFAULT_TCG_TB_MB),
         })
         .join(" ");
         assert!(s.starts_with("-M microvm -accel tcg"), "{s}");
@@ -525,6 +448,7 @@ mod tests {
             upper: Some(Path::new("/d/upper.img")),
             balloon: true,
             tsc_khz: Some(2_596_120),
+            tcg_tb_mb: Some(DEFAULT_TCG_TB_MB),
         });
         let s = v.join(" ");
         assert!(s.contains(" -m 256M -smp 2 "), "{s}");
@@ -544,10 +468,9 @@ mod tests {
 
     #[test]
     fn tcg_translation_cache_is_bounded() {
-        assert_eq!(tcg_tb_mb_from(None), Some(DEFAULT_TCG_TB_MB));
-        assert_eq!(tcg_tb_mb_from(Some("32")), Some(32));
-        assert_eq!(tcg_tb_mb_from(Some("0")), None);
-        assert_eq!(tcg_tb_mb_from(Some("lots")), Some(DEFAULT_TCG_TB_MB));
+        assert_eq!(tcg_tb_mb(DEFAULT_TCG_TB_MB), Some(DEFAULT_TCG_TB_MB));
+        assert_eq!(tcg_tb_mb(32), Some(32));
+        assert_eq!(tcg_tb_mb(0), None);
         assert_eq!(accel_option(Accel::Tcg, Some(64)), "tcg,tb-size=64");
         assert_eq!(accel_option(Accel::Tcg, None), "tcg");
         // KVM has no translation cache: the size is never passed.

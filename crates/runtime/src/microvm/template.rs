@@ -43,7 +43,7 @@ const BUILDING_PREFIX: &str = ".b-";
 /// How templates are used.
 #[derive(Debug, Clone)]
 pub struct TemplateConfig {
-    /// Restore-from-template boots on (`DSEC_MICROVM_TEMPLATES=0` turns them off).
+    /// Restore-from-template boots on (`[edge.microvm] templates`).
     pub enabled: bool,
     /// Where templates are kept.
     pub dir: PathBuf,
@@ -52,17 +52,12 @@ pub struct TemplateConfig {
 }
 
 impl TemplateConfig {
-    /// From the environment: `DSEC_MICROVM_TEMPLATES` (`0` = off, default on) and
-    /// `DSEC_MICROVM_TEMPLATES_MAX` (default 4).
-    pub fn from_env(dir: PathBuf) -> Self {
+    /// The defaults: on, at most 4 templates, kept in `dir`.
+    pub fn new(dir: PathBuf) -> Self {
         TemplateConfig {
-            enabled: std::env::var("DSEC_MICROVM_TEMPLATES").as_deref() != Ok("0"),
+            enabled: true,
             dir,
-            max: std::env::var("DSEC_MICROVM_TEMPLATES_MAX")
-                .ok()
-                .and_then(|v| v.parse().ok())
-                .filter(|&n: &usize| n >= 1)
-                .unwrap_or(4),
+            max: 4,
         }
     }
 }

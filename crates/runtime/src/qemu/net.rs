@@ -30,7 +30,7 @@ use std::os::unix::fs::MetadataExt as _;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 
-use super::Machine;
+use crate::microvm::Machine;
 use crate::substrate::CreateSandboxError;
 
 /// File in the VM directory holding the path of the network namespace QEMU runs in.
