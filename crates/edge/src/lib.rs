@@ -39,7 +39,6 @@ pub mod pack;
 pub mod qos;
 pub mod reclaim;
 pub mod records;
-pub mod simulated;
 pub mod substrate;
 pub mod trajectory;
 pub mod ttl;
