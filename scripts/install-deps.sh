@@ -57,3 +57,10 @@ if ! "$PY" -c 'import httpx, pytest' 2>/dev/null; then
     "$PY" -m pip install -q httpx pytest pytest-asyncio 2>/dev/null \
         || "$PY" -m pip install -q --break-system-packages httpx pytest pytest-asyncio
 fi
+# The linter of the function pools' guest code (crates/functions/guest), pinned.
+PYFLAKES_VERSION=3.2.0
+if [[ "$("$PY" -m pyflakes --version 2>/dev/null | awk '{print $1}')" != "$PYFLAKES_VERSION" ]]; then
+    echo "[dsec] installing pyflakes $PYFLAKES_VERSION"
+    "$PY" -m pip install -q "pyflakes==$PYFLAKES_VERSION" 2>/dev/null \
+        || "$PY" -m pip install -q --break-system-packages "pyflakes==$PYFLAKES_VERSION"
+fi

@@ -23,10 +23,13 @@ cargo fmt --all -- --check || { echo "[dsec] FAILED: cargo fmt"; status=1; }
 echo "[dsec] cargo clippy"
 cargo clippy --release --workspace --all-targets -- -D warnings || { echo "[dsec] FAILED: clippy"; status=1; }
 
+echo "[dsec] pyflakes (guest code: crates/functions/guest)"
+python3 -m pyflakes crates/functions/guest || { echo "[dsec] FAILED: pyflakes"; status=1; }
+
 echo "[dsec] cargo test (unit + privileged integration)"
 cargo test --release --workspace -- --test-threads=2 || { echo "[dsec] FAILED: cargo test"; status=1; }
 
 echo "[dsec] pytest (SDK unit tests + end-to-end suite)"
-python3 -m pytest -q -rs sdk/python/tests tests || { echo "[dsec] FAILED: pytest"; status=1; }
+python3 -m pytest -q -rs sdk/python/tests crates/functions/guest tests || { echo "[dsec] FAILED: pytest"; status=1; }
 
 exit $status

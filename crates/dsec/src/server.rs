@@ -285,9 +285,9 @@ pub async fn edge(a: EdgeArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// `dsec edge --simulated`: TEST/BENCHMARK MODE, see `dsec_edge::simulated`.
+/// `dsec edge --simulated`: TEST/BENCHMARK MODE, see `dsec_simedge`.
 async fn simulated_edges(a: EdgeArgs) -> anyhow::Result<()> {
-    use dsec_edge::simulated::{serve_many, url_of, SimConfig, SimulatedEdge};
+    use dsec_simedge::{serve_many, url_of, SimConfig, SimulatedEdge};
     let count = a.count.unwrap_or(1).max(1);
     let base = a.listen.unwrap_or(SocketAddr::from(([127, 0, 0, 1], 0)));
     let prefix = a.node_id.clone().unwrap_or_else(|| "sim".into());

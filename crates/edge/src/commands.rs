@@ -171,15 +171,7 @@ pub fn exec_request(req: &ExecRequest, d: CommandDefaults) -> Result<(Request, B
 }
 
 /// Output bytes as lossy UTF-8 plus base64 of the exact bytes when they are not UTF-8.
-pub fn text_and_b64(bytes: &[u8]) -> (String, Option<String>) {
-    match std::str::from_utf8(bytes) {
-        Ok(s) => (s.to_string(), None),
-        Err(_) => (
-            String::from_utf8_lossy(bytes).into_owned(),
-            Some(base64::engine::general_purpose::STANDARD.encode(bytes)),
-        ),
-    }
-}
+pub use dsec_trajectory::text_and_b64;
 
 /// The result of a finished command; output is empty when it was streamed.
 pub fn command_result(

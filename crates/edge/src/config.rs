@@ -72,8 +72,8 @@ pub struct EdgeConfig {
     pub default_disk_limit_mb: u64,
     /// Per-sandbox write and read bandwidth limit on the sandboxes' disk in MiB/s (0: none).
     pub disk_bps_limit_mb: u64,
-    /// `[edge.functions]`: the pre-warmed function-call pools (see [`crate::function`]).
-    pub functions: crate::function::FunctionConfig,
+    /// `[edge.functions]`: the pre-warmed function-call pools (see [`dsec_functions`]).
+    pub functions: dsec_functions::FunctionConfig,
     /// `[edge.qos]`: default QoS class, overcommit floor (see [`crate::qos`]).
     pub qos: crate::qos::QosConfig,
     /// `[edge.reclaim]`: zram swap tier, cold-memory reclaim, node memory pressure (see

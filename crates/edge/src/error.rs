@@ -7,10 +7,12 @@
 use axum::extract::rejection::{JsonRejection, PathRejection, QueryRejection};
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
+use dsec_functions::FunctionError;
 use dsec_image::ImageError;
 use dsec_network::NetError;
 use dsec_runtime::aether_client::ChannelError;
 use dsec_runtime::substrate::CreateSandboxError;
+use dsec_trajectory::{CallError, TrajectoryError};
 use dsec_wire::aether::{AetherError, AetherErrorKind};
 use dsec_wire::api::{codes, limits, status_for_code, ErrorBody, ErrorDetail};
 
@@ -47,6 +49,38 @@ pub enum EdgeError {
     Unsupported(String),
     #[error("{0}")]
     Internal(String),
+}
+
+/// The trajectory log's failures on the wire: a bad id or a relative path is the caller's
+/// mistake (400), a missing log or blob 404, a reused step 409, a recorded failure answers
+/// with its original code; the rest is internal.
+impl From<TrajectoryError> for EdgeError {
+    fn from(e: TrajectoryError) -> Self {
+        match e {
+            TrajectoryError::BadSandboxId(_) | TrajectoryError::RelativePath(_) => {
+                EdgeError::BadRequest(e.to_string())
+            }
+            TrajectoryError::SandboxNotFound(id) => EdgeError::SandboxNotFound(id),
+            TrajectoryError::NoLog(_) | TrajectoryError::BlobNotReferenced { .. } => {
+                EdgeError::NotFound(e.to_string())
+            }
+            TrajectoryError::StepConflict { .. } => EdgeError::Conflict(e.to_string()),
+            TrajectoryError::Recorded(d) => EdgeError::from_detail(&d),
+            TrajectoryError::Io { context, source } => EdgeError::internal(&context, &*source),
+            TrajectoryError::StepLost { .. }
+            | TrajectoryError::StepTask { .. }
+            | TrajectoryError::BadDigest(_)
+            | TrajectoryError::DamagedBlob(_)
+            | TrajectoryError::UnreadableResult { .. }
+            | TrajectoryError::UnreadableContent { .. } => EdgeError::Internal(e.to_string()),
+        }
+    }
+}
+
+impl CallError for EdgeError {
+    fn detail(&self) -> ErrorDetail {
+        EdgeError::detail(self)
+    }
 }
 
 /// What an aether error was about, so `NotFound` maps to the right code.
@@ -90,6 +124,22 @@ impl EdgeError {
         ErrorDetail {
             code: self.code().to_string(),
             message: self.to_string(),
+        }
+    }
+
+    /// The edge error a recorded error detail stands for (a replayed failure answers the same).
+    pub fn from_detail(d: &ErrorDetail) -> Self {
+        let m = d.message.clone();
+        match d.code.as_str() {
+            codes::BAD_REQUEST => EdgeError::BadRequest(m),
+            codes::FORBIDDEN => EdgeError::Forbidden(m),
+            codes::FILE_NOT_FOUND => EdgeError::FileNotFound(m),
+            codes::SANDBOX_NOT_FOUND | codes::NOT_FOUND => EdgeError::NotFound(m),
+            codes::CONFLICT => EdgeError::Conflict(m),
+            codes::PAYLOAD_TOO_LARGE => EdgeError::PayloadTooLarge(m),
+            codes::SANDBOX_DEAD => EdgeError::SandboxDead(m),
+            codes::UNSUPPORTED => EdgeError::Unsupported(m),
+            _ => EdgeError::Internal(m),
         }
     }
 
@@ -215,6 +265,36 @@ impl From<PathRejection> for EdgeError {
 impl From<QueryRejection> for EdgeError {
     fn from(r: QueryRejection) -> Self {
         EdgeError::BadRequest(r.body_text())
+    }
+}
+
+/// How a [`FunctionError`] becomes an answer: a full queue is 429 with `Retry-After` and the
+/// retry hint in the body; the rest answer as the matching [`EdgeError`].
+pub fn function_error_response(e: FunctionError) -> Response {
+    match e {
+        FunctionError::QueueFull {
+            message,
+            retry_after_s,
+        } => {
+            let body = serde_json::json!({
+                "error": {"code": dsec_wire::api::codes::QUOTA_EXCEEDED, "message": message},
+                "retry_after_s": retry_after_s,
+            });
+            let mut resp = (StatusCode::TOO_MANY_REQUESTS, axum::Json(body)).into_response();
+            if let Ok(v) = axum::http::HeaderValue::from_str(&retry_after_s.to_string()) {
+                resp.headers_mut()
+                    .insert(axum::http::header::RETRY_AFTER, v);
+            }
+            resp
+        }
+        FunctionError::BadRequest(m) => EdgeError::BadRequest(m).into_response(),
+        FunctionError::Image(e) => EdgeError::from_image(e).into_response(),
+        FunctionError::Worker(m) => {
+            tracing::error!(error = %m, "function worker");
+            EdgeError::Internal(m).into_response()
+        }
+        FunctionError::Unavailable(m) => EdgeError::Unavailable(m).into_response(),
+        e @ FunctionError::Disabled => EdgeError::Unsupported(e.to_string()).into_response(),
     }
 }
 

@@ -32,7 +32,6 @@ pub mod disk;
 pub mod error;
 pub mod files;
 pub mod fullvm;
-pub mod function;
 pub mod http;
 pub mod manager;
 pub mod metrics;
@@ -42,7 +41,6 @@ pub mod pack;
 pub mod qos;
 pub mod reclaim;
 pub mod records;
-pub mod simulated;
 pub mod substrate;
 pub mod trajectory;
 pub mod ttl;
@@ -92,7 +90,7 @@ pub struct Edge {
     manager: Arc<Manager>,
     reaped: Vec<String>,
     /// The function-call pools (container substrate only).
-    functions: Option<Arc<function::Functions>>,
+    functions: Option<Arc<dsec_functions::Functions>>,
     /// Cold-memory reclaim and node memory pressure (container substrate, when enabled).
     reclaim: Option<Arc<reclaim::Reclaim>>,
 }
@@ -126,7 +124,7 @@ impl Edge {
         .await?;
         edge.reclaim = reclaim::Reclaim::start(&edge.manager).await;
         if edge.cfg.functions.enabled {
-            edge.functions = Some(function::Functions::start(
+            edge.functions = Some(dsec_functions::Functions::start(
                 edge.cfg.functions.clone(),
                 fn_substrate,
                 edge.manager.image_store().clone(),
@@ -227,7 +225,7 @@ impl Edge {
     }
 
     /// The function-call service, when this edge runs one.
-    pub fn functions(&self) -> Option<&Arc<function::Functions>> {
+    pub fn functions(&self) -> Option<&Arc<dsec_functions::Functions>> {
         self.functions.as_ref()
     }
 

@@ -6,8 +6,8 @@ use std::path::PathBuf;
 use anyhow::{bail, Context};
 use clap::Args;
 use dsec_client::{Client, ClientError};
-use dsec_edge::trajectory::reader::{parse_jsonl, to_jsonl};
-use dsec_edge::trajectory::replay::{diff, is_replayable, Observed};
+use dsec_trajectory::reader::{parse_jsonl, to_jsonl};
+use dsec_trajectory::replay::{diff, is_replayable, Observed};
 use dsec_wire::api::{
     CreateSandboxRequest, ErrorDetail, ExecRequest, RunShellRequest, SandboxInfo, TrajectoryRecord,
 };

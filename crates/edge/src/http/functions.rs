@@ -1,4 +1,4 @@
-//! `/edge/v1/functions/*`: function calls on the pre-warmed pools ([`crate::function`]).
+//! `/edge/v1/functions/*`: function calls on the pre-warmed pools ([`dsec_functions`]).
 //!
 //! | method | path | body | answer |
 //! |---|---|---|---|
@@ -12,7 +12,6 @@
 use std::sync::Arc;
 
 use axum::extract::{DefaultBodyLimit, State};
-use axum::http::{header, HeaderValue, StatusCode};
 use axum::middleware;
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
@@ -20,9 +19,8 @@ use axum::{Json, Router};
 use dsec_wire::api::{FunctionBatchRequest, FunctionCallRequest};
 
 use super::{ApiJson, AppState};
-use crate::error::EdgeError;
-use crate::function::{FunctionError, Functions};
 use crate::manager::Manager;
+use dsec_functions::{FunctionError, Functions};
 
 /// Largest batch body (10,000 small calls).
 const MAX_BATCH_BODY: usize = 32 * 1024 * 1024;
@@ -51,59 +49,31 @@ fn service(s: &FnState) -> Result<&Arc<Functions>, FunctionError> {
     s.functions.as_ref().ok_or(FunctionError::Disabled)
 }
 
-/// The one place a [`FunctionError`] becomes an answer.
-fn error_response(e: FunctionError) -> Response {
-    match e {
-        FunctionError::QueueFull {
-            message,
-            retry_after_s,
-        } => {
-            let body = serde_json::json!({
-                "error": {"code": dsec_wire::api::codes::QUOTA_EXCEEDED, "message": message},
-                "retry_after_s": retry_after_s,
-            });
-            let mut resp = (StatusCode::TOO_MANY_REQUESTS, Json(body)).into_response();
-            if let Ok(v) = HeaderValue::from_str(&retry_after_s.to_string()) {
-                resp.headers_mut().insert(header::RETRY_AFTER, v);
-            }
-            resp
-        }
-        FunctionError::BadRequest(m) => EdgeError::BadRequest(m).into_response(),
-        FunctionError::Image(e) => EdgeError::from_image(e).into_response(),
-        FunctionError::Worker(m) => {
-            tracing::error!(error = %m, "function worker");
-            EdgeError::Internal(m).into_response()
-        }
-        FunctionError::Unavailable(m) => EdgeError::Unavailable(m).into_response(),
-        e @ FunctionError::Disabled => EdgeError::Unsupported(e.to_string()).into_response(),
-    }
-}
-
 async fn call(State(s): State<FnState>, ApiJson(req): ApiJson<FunctionCallRequest>) -> Response {
     let f = match service(&s) {
         Ok(f) => f,
-        Err(e) => return error_response(e),
+        Err(e) => return crate::error::function_error_response(e),
     };
     match f.call(req).await {
         Ok(r) => Json(r).into_response(),
-        Err(e) => error_response(e),
+        Err(e) => crate::error::function_error_response(e),
     }
 }
 
 async fn batch(State(s): State<FnState>, ApiJson(req): ApiJson<FunctionBatchRequest>) -> Response {
     let f = match service(&s) {
         Ok(f) => f,
-        Err(e) => return error_response(e),
+        Err(e) => return crate::error::function_error_response(e),
     };
     match f.batch(req).await {
         Ok(r) => Json(r).into_response(),
-        Err(e) => error_response(e),
+        Err(e) => crate::error::function_error_response(e),
     }
 }
 
 async fn pools(State(s): State<FnState>) -> Response {
     match service(&s) {
         Ok(f) => Json(f.pools()).into_response(),
-        Err(e) => error_response(e),
+        Err(e) => crate::error::function_error_response(e),
     }
 }

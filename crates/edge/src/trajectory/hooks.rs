@@ -117,7 +117,7 @@ pub fn record_stream(
                             result.stderr_total_bytes > t.stderr.len() as u64;
                         Some(Ok(result))
                     }
-                    StreamEvent::Error { error } => Some(Err(super::error_from_detail(&error))),
+                    StreamEvent::Error { error } => Some(Err(EdgeError::from_detail(&error))),
                 };
                 if let (Some(r), false) = (done, t.recorded) {
                     t.recorded = true;

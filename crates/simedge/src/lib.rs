@@ -2,12 +2,19 @@
 //!
 //! A simulated edge speaks the edge HTTP API's lifecycle subset (`POST/GET /edge/v1/sandboxes`,
 //! `GET/DELETE /edge/v1/sandboxes/{id}`, `POST /edge/v1/jobs/stop`, `GET /edge/v1/status`)
-//! and keeps its sandboxes as records in memory, with the same admission rules as a real
-//! edge (capacity, CPU and memory with overcommit, idempotency keys). Nothing runs: every
-//! other route (shell, exec, files, tty, pause, ...) answers `501 unsupported`.
+//! and keeps its sandboxes as records in memory. Nothing runs: every other route (shell, exec,
+//! files, tty, pause, ...) answers `501 unsupported`.
+//!
+//! **Owns**: the in-memory records and the HTTP subset above. **Does not own admission**: a
+//! create is validated by the real edge's `validate_create` and admitted by the real edge's
+//! code — the sandbox count against `capacity`, then the QoS books (`dsec_edge::qos::Qos`:
+//! overcommit ratio, latency-sensitive floor, measured usage for best-effort) — and refusals
+//! carry the real edge's wire codes ([`dsec_edge::EdgeError`]). A simulated sandbox is never
+//! measured, so it counts like a running sandbox the real edge has not sampled yet (by its start
+//! reservation). **Must not**: be linked into the production edge, or run anything.
 //!
 //! It exists so that one machine can stand up a cluster of 160 nodes to test and measure the
-//! control plane (placement, quotas, the watcher, forwarding). A real [`crate::Manager`] with a
+//! control plane (placement, quotas, the watcher, forwarding). A real `dsec_edge::Manager` with a
 //! no-op driver would still mount image layers, create a directory and persist a record per
 //! sandbox and run a TTL reaper and trajectory log per edge, which measures the edge's disk, not
 //! the control plane, and costs ~10 MB per edge; this server costs a few hundred bytes per
@@ -25,10 +32,34 @@ use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
+use dsec_edge::config::EdgeConfig;
+use dsec_edge::qos::{Caps, Qos, QosConfig};
+use dsec_edge::EdgeError;
 use dsec_wire::api::{
     codes, status_for_code, CreateSandboxRequest, ErrorBody, ErrorDetail, JobOpResult,
     LabelSelector, NodeStatus, SandboxInfo, SandboxList, SandboxState, Substrate,
 };
+
+/// Why a simulated edge refused a create.
+#[derive(Debug, thiserror::Error)]
+pub enum SimCreateError {
+    /// Only container sandboxes are simulated.
+    #[error("substrate {substrate:?} is not supported on simulated node {node}")]
+    Unsupported { substrate: Substrate, node: String },
+    /// Refused by the real edge's validation or admission.
+    #[error(transparent)]
+    Refused(#[from] EdgeError),
+}
+
+impl SimCreateError {
+    /// The wire code (the real edge's for a refusal).
+    pub fn code(&self) -> &'static str {
+        match self {
+            SimCreateError::Unsupported { .. } => codes::UNSUPPORTED,
+            SimCreateError::Refused(e) => e.code(),
+        }
+    }
+}
 
 /// Configuration of one simulated edge.
 #[derive(Debug, Clone)]
@@ -42,6 +73,8 @@ pub struct SimConfig {
     pub memory_overcommit: f64,
     pub default_memory_mb: u64,
     pub default_cpu_cores: f64,
+    /// `[edge.qos]` of the simulated node (default class, LS floor, usage limits).
+    pub qos: QosConfig,
     pub labels: BTreeMap<String, String>,
     /// Images reported as cached (for layer-affinity tests).
     pub images: Vec<String>,
@@ -62,6 +95,7 @@ impl Default for SimConfig {
             memory_overcommit: 4.0,
             default_memory_mb: 1024,
             default_cpu_cores: 1.0,
+            qos: QosConfig::default(),
             labels: BTreeMap::new(),
             images: Vec::new(),
             token: String::new(),
@@ -86,6 +120,7 @@ struct SimState {
     live: HashMap<String, SimSandbox>,
     /// idempotency key → sandbox id (live sandboxes only).
     idem: HashMap<String, String>,
+    /// Requests of the live sandboxes (the status's `*_allocated`).
     memory_mb: u64,
     cpu: f64,
     created_total: u64,
@@ -94,6 +129,10 @@ struct SimState {
 /// A simulated edge: state plus its router.
 pub struct SimulatedEdge {
     cfg: SimConfig,
+    /// The edge configuration the real validation and admission read (from `cfg`).
+    edge: EdgeConfig,
+    /// The real edge's admission books.
+    qos: Qos,
     state: Mutex<SimState>,
 }
 
@@ -124,8 +163,25 @@ fn now_rfc3339() -> String {
 
 impl SimulatedEdge {
     pub fn new(cfg: SimConfig) -> Arc<Self> {
+        let edge = EdgeConfig {
+            node_id: cfg.node_id.clone(),
+            capacity: cfg.capacity,
+            cpu_cores_total: Some(cfg.cpu_cores_total),
+            memory_mb_total: Some(cfg.memory_mb_total),
+            cpu_overcommit: cfg.cpu_overcommit,
+            memory_overcommit: cfg.memory_overcommit,
+            default_memory_mb: cfg.default_memory_mb,
+            default_cpu_cores: cfg.default_cpu_cores,
+            qos: cfg.qos.clone(),
+            labels: cfg.labels.clone(),
+            ..Default::default()
+        };
+        // No kernel is probed: a simulated node has no QoS capabilities.
+        let qos = Qos::with_caps(&cfg.qos, Caps::default());
         Arc::new(SimulatedEdge {
             cfg,
+            edge,
+            qos,
             state: Mutex::new(SimState::default()),
         })
     }
@@ -150,22 +206,20 @@ impl SimulatedEdge {
         }
     }
 
-    /// Admission and bookkeeping of one create.
-    pub fn create(&self, req: &CreateSandboxRequest) -> Result<SandboxInfo, (String, String)> {
+    /// Admission and bookkeeping of one create: the real edge's validation, idempotency,
+    /// capacity and QoS admission, in the real edge's order.
+    pub fn create(&self, req: &CreateSandboxRequest) -> Result<SandboxInfo, SimCreateError> {
         if req.image.is_empty() {
-            return Err((codes::BAD_REQUEST.into(), "image must not be empty".into()));
+            return Err(EdgeError::BadRequest("image must not be empty".into()).into());
         }
         if req.substrate != Substrate::Container {
-            return Err((
-                codes::UNSUPPORTED.into(),
-                format!(
-                    "substrate {:?} is not supported on simulated node {}",
-                    req.substrate, self.cfg.node_id
-                ),
-            ));
+            return Err(SimCreateError::Unsupported {
+                substrate: req.substrate,
+                node: self.cfg.node_id.clone(),
+            });
         }
-        let memory_mb = req.memory_limit_mb.unwrap_or(self.cfg.default_memory_mb);
-        let cpu = req.cpu_cores_limit.unwrap_or(self.cfg.default_cpu_cores);
+        let v = dsec_edge::manager::validate_create(&self.edge, req)?;
+        let (memory_mb, cpu) = (v.memory_mb, v.cpu);
         let mut st = lock(&self.state);
         if let Some(k) = &req.idempotency_key {
             if let Some(id) = st.idem.get(k) {
@@ -176,34 +230,12 @@ impl SimulatedEdge {
         }
         let node = &self.cfg.node_id;
         if st.live.len() as u64 >= self.cfg.capacity {
-            return Err((
-                codes::NODE_FULL.into(),
-                format!(
-                    "node {node} is full: {} of {} sandboxes in use",
-                    st.live.len(),
-                    self.cfg.capacity
-                ),
-            ));
-        }
-        let mem_cap = (self.cfg.memory_mb_total as f64 * self.cfg.memory_overcommit) as u64;
-        if st.memory_mb + memory_mb > mem_cap {
-            return Err((
-                codes::NODE_FULL.into(),
-                format!(
-                    "node {node} is full: memory {} + {memory_mb} MiB > {mem_cap} MiB",
-                    st.memory_mb
-                ),
-            ));
-        }
-        let cpu_cap = self.cfg.cpu_cores_total * self.cfg.cpu_overcommit;
-        if st.cpu + cpu > cpu_cap + 1e-9 {
-            return Err((
-                codes::NODE_FULL.into(),
-                format!(
-                    "node {node} is full: {:.2} + {cpu} cores > {cpu_cap:.2}",
-                    st.cpu
-                ),
-            ));
+            return Err(EdgeError::NodeFull(format!(
+                "node {node} is full: {} of {} sandboxes in use",
+                st.live.len(),
+                self.cfg.capacity
+            ))
+            .into());
         }
         let id = loop {
             let id = dsec_wire::id::make_sandbox_id(node, rand::random());
@@ -211,6 +243,17 @@ impl SimulatedEdge {
                 break id;
             }
         };
+        // Memory and CPU: the real edge's books (overcommit by measured usage with a
+        // latency-sensitive floor); the sandbox "starts" at once.
+        self.qos
+            .admit(&self.edge, &id, v.qos, memory_mb, cpu)
+            .map_err(|r| {
+                EdgeError::NodeFull(format!(
+                    "node {node} is full for a {:?} sandbox: {r}",
+                    v.qos
+                ))
+            })?;
+        self.qos.started(&id);
         let s = SimSandbox {
             image: Arc::from(req.image.as_str()),
             memory_mb,
@@ -234,6 +277,7 @@ impl SimulatedEdge {
     pub fn stop(&self, id: &str) -> Option<SandboxInfo> {
         let mut st = lock(&self.state);
         let s = st.live.remove(id)?;
+        self.qos.release(id);
         st.memory_mb = st.memory_mb.saturating_sub(s.memory_mb);
         st.cpu = (st.cpu - s.cpu).max(0.0);
         if let Some(k) = &s.idempotency_key {
@@ -264,6 +308,8 @@ impl SimulatedEdge {
             images: self.cfg.images.clone(),
             cgroup_version: "simulated".into(),
             labels,
+            capabilities: Some(self.qos.caps().to_wire()),
+            admission: Some(self.qos.status(&self.edge)),
             ..Default::default()
         }
     }
@@ -318,7 +364,7 @@ async fn create(State(s): St, body: axum::body::Bytes) -> Response {
     };
     match s.create(&req) {
         Ok(info) => (StatusCode::CREATED, Json(info)).into_response(),
-        Err((code, msg)) => error(&code, msg),
+        Err(e) => error(e.code(), e.to_string()),
     }
 }
 
@@ -446,7 +492,7 @@ mod tests {
                 ..Default::default()
             })
             .unwrap_err();
-        assert_eq!(full.0, codes::NODE_FULL);
+        assert_eq!(full.code(), codes::NODE_FULL);
         assert_eq!(e.status().sandboxes_running, 2);
         assert!(e.stop(&b.id).is_some());
         assert!(e.stop(&b.id).is_none());
@@ -455,5 +501,67 @@ mod tests {
             e.status().labels.get("simulated").map(String::as_str),
             Some("true")
         );
+    }
+
+    #[test]
+    fn refuses_what_the_real_edge_refuses() {
+        let e = SimulatedEdge::new(SimConfig::default());
+        // The real edge's validation: too little memory is the caller's mistake.
+        let bad = e
+            .create(&CreateSandboxRequest {
+                image: "busybox".into(),
+                memory_limit_mb: Some(4),
+                ..Default::default()
+            })
+            .unwrap_err();
+        assert_eq!(bad.code(), codes::BAD_REQUEST);
+        assert!(bad.to_string().contains("memory_limit_mb 4"), "{bad}");
+        let vm = e
+            .create(&CreateSandboxRequest {
+                image: "busybox".into(),
+                substrate: Substrate::Microvm,
+                ..Default::default()
+            })
+            .unwrap_err();
+        assert_eq!(vm.code(), codes::UNSUPPORTED);
+    }
+
+    #[test]
+    fn admits_by_the_real_edges_qos_rules() {
+        use dsec_wire::api::QosClass;
+        // 1 GiB node, overcommit 4, LS floor 1.0: LS requests stay within physical memory.
+        let e = SimulatedEdge::new(SimConfig {
+            memory_mb_total: 1024,
+            qos: QosConfig {
+                ls_memory_ratio: 1.0,
+                ..Default::default()
+            },
+            ..Default::default()
+        });
+        let ls = |mb| CreateSandboxRequest {
+            image: "busybox".into(),
+            memory_limit_mb: Some(mb),
+            qos: Some(QosClass::LatencySensitive),
+            ..Default::default()
+        };
+        let be = |mb| CreateSandboxRequest {
+            qos: Some(QosClass::BestEffort),
+            ..ls(mb)
+        };
+        e.create(&ls(768)).unwrap();
+        let full = e.create(&ls(512)).unwrap_err();
+        assert_eq!(full.code(), codes::NODE_FULL);
+        assert!(
+            full.to_string().contains("latency-sensitive floor"),
+            "{full}"
+        );
+        // Best-effort counts by usage (a simulated sandbox by its start reservation), so a
+        // request past the LS floor still fits under the overcommit ratio.
+        e.create(&be(2048)).unwrap();
+        let st = e.status();
+        let adm = st.admission.expect("admission figures reported");
+        assert_eq!(adm.memory_mb_committed_ls, 768);
+        assert_eq!(adm.memory_mb_committed_be, 2048);
+        assert_eq!(adm.memory_mb_free_ls, 256);
     }
 }

@@ -29,7 +29,7 @@ use tokio::net::UnixStream;
 use super::{FunctionConfig, FunctionError, PoolKey};
 
 /// The fork-server's source, run with `python3 -I -c`.
-pub const FORKSERVER: &str = include_str!("forkserver.py");
+pub const FORKSERVER: &str = include_str!("../guest/forkserver.py");
 /// How long a new worker may take to answer "ready".
 const READY_TIMEOUT: Duration = Duration::from_secs(30);
 /// Largest answer the server may send.

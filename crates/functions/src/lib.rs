@@ -1,11 +1,17 @@
 //! The function-call substrate: stateless calls ("run this code on this input, judge the
 //! output") at millisecond latency, on pools of pre-warmed, pre-isolated workers.
 //!
-//! Layout: [`pool`] (pools per (image, toolkits, language): min/max, refill, shrink to zero),
+//! **Owns**: [`pool`] (pools per (image, toolkits, language): min/max, refill, shrink to zero),
 //! [`worker`] (a container sandbox from the runtime holding a Python fork-server, and the
 //! per-call cgroup limits), [`languages`] (python, bash, c, cpp, command-in-image),
 //! [`admission`] (bounded queue → 429 with a retry hint), [`verdict`] (statuses and test-case
-//! verdicts). HTTP lives in `crate::http::functions`.
+//! verdicts), and the fork-server itself: guest code that runs inside the pooled container,
+//! kept in `guest/forkserver.py` (with its own unit tests) and embedded as
+//! [`worker::FORKSERVER`].
+//!
+//! **Must not**: know the edge's sandbox lifecycle or its HTTP layer (the edge serves
+//! `/edge/v1/functions/*` in `http/functions.rs` and maps [`FunctionError`] to HTTP statuses in
+//! its `error.rs`), or touch cgroups other than its own workers'.
 //!
 //! ```ignore
 //! let fns = Functions::new(cfg.functions.clone(), substrate, images, &cfg);
@@ -146,7 +152,8 @@ pub enum FunctionError {
 }
 
 impl FunctionError {
-    /// The wire code (see `crate::http::functions` for the HTTP mapping).
+    /// The wire code, for the per-item errors of a batch (the edge's `error.rs` maps a
+    /// whole call's error to the same code and its HTTP status).
     pub fn code(&self) -> &'static str {
         match self {
             FunctionError::BadRequest(_) => codes::BAD_REQUEST,
