@@ -8,10 +8,10 @@ use axum::extract::rejection::PathRejection;
 use axum::extract::ws::rejection::WebSocketUpgradeRejection;
 use axum::extract::ws::WebSocketUpgrade;
 use axum::extract::{MatchedPath, Path, Request, State};
+use axum::handler::Handler;
 use axum::http::{header, HeaderMap, Method, StatusCode, Uri};
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
-use axum::handler::Handler;
 use axum::routing::{any, delete, get, post, put};
 use axum::Router;
 use dsec_wire::api::{limits, NodeList, NodeStatus, SandboxList};
@@ -108,7 +108,11 @@ pub fn v1_routes() -> Routes {
         .on(Delete, "/v1/sandboxes/{id}", stop_sandbox)
         .on(Post, "/v1/sandboxes/{id}/shell", sandbox_json)
         .on(Post, "/v1/sandboxes/{id}/exec", sandbox_json)
-        .on(Delete, "/v1/sandboxes/{id}/sessions/{name}", sandbox_simple2)
+        .on(
+            Delete,
+            "/v1/sandboxes/{id}/sessions/{name}",
+            sandbox_simple2,
+        )
         .on(Put, "/v1/sandboxes/{id}/files", sandbox_stream)
         .on(Get, "/v1/sandboxes/{id}/files", sandbox_simple)
         .on(Delete, "/v1/sandboxes/{id}/files", sandbox_simple)

@@ -17,7 +17,9 @@ use utoipa::openapi::{RefOr, Schema};
 use utoipa::{IntoParams, PartialSchema, ToSchema};
 
 use crate::iam::http::ClusterView;
-use crate::iam::{CreateKeyRequest, CreateProjectRequest, CreatedKey, ProjectList, ProjectView, Quota};
+use crate::iam::{
+    CreateKeyRequest, CreateProjectRequest, CreatedKey, ProjectList, ProjectView, Quota,
+};
 
 /// Description of every error answer.
 const ERRORS: &str = "Error (4xx: the caller must fix something; 5xx: server side). \
@@ -101,7 +103,6 @@ struct JobPath {
     /// What to do with every matching sandbox.
     op: JobOp,
 }
-
 
 #[derive(IntoParams)]
 #[into_params(parameter_in = Query)]

@@ -40,51 +40,84 @@ fn every_registered_route_is_described_and_nothing_else() {
     for (verb, path) in v1_routes().table().iter().chain(public_routes().table()) {
         if *verb == Verb::Any {
             // The edge pass-through: its routes are listed in EDGE_PASS_THROUGH.
-            assert_eq!(*path, "/v1/sandboxes/{id}/{*rest}", "only the edge pass-through is `any`");
+            assert_eq!(
+                *path, "/v1/sandboxes/{id}/{*rest}",
+                "only the edge pass-through is `any`"
+            );
             continue;
         }
         expected.insert((verb.as_str().to_string(), openapi_path(path)));
     }
     for (method, path) in EDGE_PASS_THROUGH {
-        assert!(path.starts_with("/v1/sandboxes/{id}/"), "{path} is not under the pass-through");
+        assert!(
+            path.starts_with("/v1/sandboxes/{id}/"),
+            "{path} is not under the pass-through"
+        );
         assert!(
             expected.insert((method.to_string(), path.to_string())),
             "{method} {path} is also a route of its own"
         );
     }
     let missing: Vec<_> = expected.difference(&described).collect();
-    assert!(missing.is_empty(), "routes without a description in the document: {missing:?}");
+    assert!(
+        missing.is_empty(),
+        "routes without a description in the document: {missing:?}"
+    );
     let extra: Vec<_> = described.difference(&expected).collect();
-    assert!(extra.is_empty(), "described operations that no route serves: {extra:?}");
+    assert!(
+        extra.is_empty(),
+        "described operations that no route serves: {extra:?}"
+    );
 }
 
 #[test]
 fn every_operation_has_a_summary_an_answer_and_the_error_body() {
     let doc = doc();
-    let public: BTreeSet<String> =
-        public_routes().table().iter().map(|(_, p)| p.to_string()).collect();
+    let public: BTreeSet<String> = public_routes()
+        .table()
+        .iter()
+        .map(|(_, p)| p.to_string())
+        .collect();
     let mut operation_ids = BTreeSet::new();
     for (method, path) in operations(&doc) {
         let op = &doc["paths"][&path][&method];
         let what = format!("{method} {path}");
-        assert!(op["summary"].as_str().is_some_and(|s| !s.is_empty()), "{what}: no summary");
-        let id = op["operationId"].as_str().unwrap_or_else(|| panic!("{what}: no operationId"));
-        assert!(operation_ids.insert(id.to_string()), "{what}: operationId {id} used twice");
-        let responses = op["responses"].as_object().unwrap_or_else(|| panic!("{what}: no responses"));
         assert!(
-            responses.keys().any(|s| s.starts_with('1') || s.starts_with('2')),
+            op["summary"].as_str().is_some_and(|s| !s.is_empty()),
+            "{what}: no summary"
+        );
+        let id = op["operationId"]
+            .as_str()
+            .unwrap_or_else(|| panic!("{what}: no operationId"));
+        assert!(
+            operation_ids.insert(id.to_string()),
+            "{what}: operationId {id} used twice"
+        );
+        let responses = op["responses"]
+            .as_object()
+            .unwrap_or_else(|| panic!("{what}: no responses"));
+        assert!(
+            responses
+                .keys()
+                .any(|s| s.starts_with('1') || s.starts_with('2')),
             "{what}: no success answer"
         );
         if public.contains(&path) {
             assert_eq!(op["security"], json!([{}]), "{what}: is unauthenticated");
             continue;
         }
-        assert!(op.get("security").is_none(), "{what}: must keep the API-key requirement");
+        assert!(
+            op.get("security").is_none(),
+            "{what}: must keep the API-key requirement"
+        );
         let error = &responses
             .get("default")
             .unwrap_or_else(|| panic!("{what}: no `default` error answer"))["content"]
             ["application/json"]["schema"]["$ref"];
-        assert_eq!(error, "#/components/schemas/ErrorBody", "{what}: error answer");
+        assert_eq!(
+            error, "#/components/schemas/ErrorBody",
+            "{what}: error answer"
+        );
     }
     assert_eq!(
         doc["security"],
@@ -184,7 +217,12 @@ fn command_result() -> CommandResult {
 fn samples() -> BTreeMap<&'static str, Vec<Value>> {
     let mut s: BTreeMap<&'static str, Vec<Value>> = BTreeMap::new();
     let mut add = |name: &'static str, v: Value| s.entry(name).or_default().push(v);
-    for v in [Substrate::Container, Substrate::Microvm, Substrate::Vm, Substrate::Function] {
+    for v in [
+        Substrate::Container,
+        Substrate::Microvm,
+        Substrate::Vm,
+        Substrate::Function,
+    ] {
         add("Substrate", ser(v));
     }
     add("CreateSandboxRequest", ser(CreateSandboxRequest::default()));
@@ -245,7 +283,12 @@ fn samples() -> BTreeMap<&'static str, Vec<Value>> {
     ] {
         add("StreamEvent", ser(v));
     }
-    for v in [FileKind::File, FileKind::Dir, FileKind::Symlink, FileKind::Other] {
+    for v in [
+        FileKind::File,
+        FileKind::Dir,
+        FileKind::Symlink,
+        FileKind::Other,
+    ] {
         add("FileKind", ser(v));
     }
     add("FileInfo", ser(file_info()));
@@ -496,7 +539,12 @@ fn resolve<'a>(doc: &'a Value, schema: &'a Value) -> &'a Value {
 fn shape(doc: &Value, schema: &Value) -> Shape {
     let schema = resolve(doc, schema);
     if let Some(values) = schema["enum"].as_array() {
-        return Shape::Strings(values.iter().filter_map(|v| v.as_str().map(String::from)).collect());
+        return Shape::Strings(
+            values
+                .iter()
+                .filter_map(|v| v.as_str().map(String::from))
+                .collect(),
+        );
     }
     for key in ["oneOf", "anyOf"] {
         if let Some(alts) = schema[key].as_array() {
@@ -552,8 +600,13 @@ fn every_field_of_every_wire_type_is_in_its_schema() {
         match shape(&doc, schema) {
             Shape::Strings(allowed) => {
                 for v in values {
-                    let v = v.as_str().unwrap_or_else(|| panic!("{name}: {v} is not a string"));
-                    assert!(allowed.contains(v), "{name}: value {v:?} missing from {allowed:?}");
+                    let v = v
+                        .as_str()
+                        .unwrap_or_else(|| panic!("{name}: {v} is not a string"));
+                    assert!(
+                        allowed.contains(v),
+                        "{name}: value {v:?} missing from {allowed:?}"
+                    );
                 }
             }
             Shape::Objects(alts) => {
@@ -605,7 +658,10 @@ fn request_bodies_refuse_unknown_fields_as_the_server_does() {
         );
     }
     // A field that must be sent is required; one with a default is not.
-    assert_eq!(schemas["CreateSandboxRequest"]["required"], json!(["image"]));
+    assert_eq!(
+        schemas["CreateSandboxRequest"]["required"],
+        json!(["image"])
+    );
     assert_eq!(schemas["RunShellRequest"]["required"], json!(["cmd"]));
 }
 
