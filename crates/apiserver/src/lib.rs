@@ -21,6 +21,7 @@ pub mod forward;
 pub mod iam;
 pub mod jobs;
 pub mod metrics;
+pub mod openapi;
 pub mod placement;
 pub mod reconcile;
 pub mod routes;

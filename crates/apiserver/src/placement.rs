@@ -21,7 +21,7 @@ use crate::config::ConfigError;
 use crate::watcher::NodeView;
 
 /// How to choose among filtered nodes.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default, utoipa::ToSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum Strategy {
     #[default]

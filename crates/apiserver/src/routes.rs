@@ -8,6 +8,7 @@ use axum::extract::rejection::PathRejection;
 use axum::extract::ws::rejection::WebSocketUpgradeRejection;
 use axum::extract::ws::WebSocketUpgrade;
 use axum::extract::{MatchedPath, Path, Request, State};
+use axum::handler::Handler;
 use axum::http::{header, HeaderMap, Method, StatusCode, Uri};
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
@@ -32,67 +33,133 @@ pub struct AppState {
     pub config: Arc<crate::config::ApiConfig>,
 }
 
-/// The hand-written OpenAPI document.
-pub const OPENAPI: &str = include_str!("../openapi.json");
+/// HTTP method of a registered route; `Any` is the edge pass-through.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Verb {
+    Get,
+    Post,
+    Put,
+    Delete,
+    /// Every method (the pass-through of sandbox routes added to the edge later).
+    Any,
+}
+
+impl Verb {
+    /// Lower-case name, as an OpenAPI path item keys its operations.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Verb::Get => "get",
+            Verb::Post => "post",
+            Verb::Put => "put",
+            Verb::Delete => "delete",
+            Verb::Any => "*",
+        }
+    }
+}
+
+/// The router under construction and every (method, path) registered on it. Routes are only
+/// added through [`Routes::on`], so the list is exactly what the router serves; the OpenAPI
+/// test checks the generated document against it (a route cannot be added undescribed).
+pub struct Routes<S = AppState> {
+    router: Router<S>,
+    table: Vec<(Verb, &'static str)>,
+}
+
+impl<S: Clone + Send + Sync + 'static> Routes<S> {
+    fn new() -> Self {
+        Routes {
+            router: Router::new(),
+            table: Vec::new(),
+        }
+    }
+
+    /// Serves `verb path` with `handler` (several verbs on one path merge into one route).
+    fn on<H, T>(mut self, verb: Verb, path: &'static str, handler: H) -> Self
+    where
+        H: Handler<T, S>,
+        T: 'static,
+    {
+        let method_router = match verb {
+            Verb::Get => get(handler),
+            Verb::Post => post(handler),
+            Verb::Put => put(handler),
+            Verb::Delete => delete(handler),
+            Verb::Any => any(handler),
+        };
+        self.router = self.router.route(path, method_router);
+        self.table.push((verb, path));
+        self
+    }
+
+    /// Every (method, path) registered, in registration order.
+    pub fn table(&self) -> &[(Verb, &'static str)] {
+        &self.table
+    }
+}
+
+/// The `/v1` routes (behind an API key).
+pub fn v1_routes() -> Routes {
+    use crate::iam::http as iam;
+    use Verb::*;
+    Routes::new()
+        .on(Post, "/v1/sandboxes", create_sandbox)
+        .on(Get, "/v1/sandboxes", list_sandboxes)
+        .on(Get, "/v1/sandboxes/{id}", sandbox_simple)
+        .on(Delete, "/v1/sandboxes/{id}", stop_sandbox)
+        .on(Post, "/v1/sandboxes/{id}/shell", sandbox_json)
+        .on(Post, "/v1/sandboxes/{id}/exec", sandbox_json)
+        .on(
+            Delete,
+            "/v1/sandboxes/{id}/sessions/{name}",
+            sandbox_simple2,
+        )
+        .on(Put, "/v1/sandboxes/{id}/files", sandbox_stream)
+        .on(Get, "/v1/sandboxes/{id}/files", sandbox_simple)
+        .on(Delete, "/v1/sandboxes/{id}/files", sandbox_simple)
+        .on(Get, "/v1/sandboxes/{id}/files/list", sandbox_simple)
+        .on(Get, "/v1/sandboxes/{id}/files/stat", sandbox_simple)
+        .on(Post, "/v1/sandboxes/{id}/files/mkdir", sandbox_simple)
+        .on(Get, "/v1/sandboxes/{id}/tty", tty)
+        // Routes added to the edge later (pause, network rules, trajectory, ...) pass through;
+        // the document lists them (`openapi::EDGE_PASS_THROUGH`).
+        .on(Any, "/v1/sandboxes/{id}/{*rest}", sandbox_stream_rest)
+        .on(Get, "/v1/images", images_simple)
+        .on(Put, "/v1/images/{*name}", images_stream)
+        .on(Post, "/v1/images/{*name}", images_stream)
+        .on(Delete, "/v1/images/{*name}", images_simple)
+        // microVM templates (issue 9) of the first edge, like images: an operator's view.
+        .on(Get, "/v1/microvm/templates", images_simple)
+        .on(Delete, "/v1/microvm/templates", images_simple)
+        .on(Get, "/v1/nodes", nodes)
+        .on(Get, "/v1/cluster", iam::cluster)
+        .on(Get, "/v1/projects", iam::list_projects)
+        .on(Post, "/v1/projects", iam::create_project)
+        .on(Put, "/v1/projects/{name}/quota", iam::set_quota)
+        .on(Post, "/v1/keys", iam::create_key)
+        .on(Delete, "/v1/keys/{id}", iam::revoke_key)
+        .on(Post, "/v1/jobs/{op}", crate::jobs::job)
+        .on(Post, "/v1/functions/call", functions_forward)
+        .on(Post, "/v1/functions/batch", functions_forward)
+        .on(Get, "/v1/functions/pools", functions_forward)
+}
+
+/// The unauthenticated service routes.
+pub fn public_routes() -> Routes {
+    use Verb::*;
+    Routes::new()
+        .on(Get, "/openapi.json", openapi)
+        .on(Get, "/healthz", || async { "ok\n" })
+        .on(Get, "/metrics", metrics)
+}
 
 /// Builds the whole router.
 pub fn router(state: AppState) -> Router {
-    let v1 = Router::new()
-        .route("/v1/sandboxes", post(create_sandbox).get(list_sandboxes))
-        .route(
-            "/v1/sandboxes/{id}",
-            get(sandbox_simple).delete(stop_sandbox),
-        )
-        .route("/v1/sandboxes/{id}/shell", post(sandbox_json))
-        .route("/v1/sandboxes/{id}/exec", post(sandbox_json))
-        .route(
-            "/v1/sandboxes/{id}/sessions/{name}",
-            delete(sandbox_simple2),
-        )
-        .route(
-            "/v1/sandboxes/{id}/files",
-            put(sandbox_stream)
-                .get(sandbox_simple)
-                .delete(sandbox_simple),
-        )
-        .route("/v1/sandboxes/{id}/files/list", get(sandbox_simple))
-        .route("/v1/sandboxes/{id}/files/stat", get(sandbox_simple))
-        .route("/v1/sandboxes/{id}/files/mkdir", post(sandbox_simple))
-        .route("/v1/sandboxes/{id}/tty", get(tty))
-        // Routes added to the edge later (pause, network rules, trajectory, ...) pass through.
-        .route("/v1/sandboxes/{id}/{*rest}", any(sandbox_stream_rest))
-        .route("/v1/images", get(images_simple))
-        .route(
-            "/v1/images/{*name}",
-            put(images_stream).post(images_stream).delete(images_simple),
-        )
-        // microVM templates (issue 9) of the first edge, like images: an operator's view.
-        .route(
-            "/v1/microvm/templates",
-            get(images_simple).delete(images_simple),
-        )
-        .route("/v1/nodes", get(nodes))
-        .route("/v1/cluster", get(crate::iam::http::cluster))
-        .route(
-            "/v1/projects",
-            get(crate::iam::http::list_projects).post(crate::iam::http::create_project),
-        )
-        .route(
-            "/v1/projects/{name}/quota",
-            put(crate::iam::http::set_quota),
-        )
-        .route("/v1/keys", post(crate::iam::http::create_key))
-        .route("/v1/keys/{id}", delete(crate::iam::http::revoke_key))
-        .route("/v1/jobs/{op}", post(crate::jobs::job))
-        .route("/v1/functions/call", post(functions_forward))
-        .route("/v1/functions/batch", post(functions_forward))
-        .route("/v1/functions/pools", get(functions_forward))
+    let v1 = v1_routes()
+        .router
         .route_layer(middleware::from_fn_with_state(state.clone(), require_key));
     Router::new()
         .merge(v1)
-        .route("/openapi.json", get(openapi))
-        .route("/healthz", get(|| async { "ok\n" }))
-        .route("/metrics", get(metrics))
+        .merge(public_routes().router)
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
         .layer(middleware::from_fn_with_state(state.clone(), observe))
@@ -583,7 +650,11 @@ async fn nodes(State(st): State<AppState>) -> axum::Json<NodeList> {
 }
 
 async fn openapi() -> Response {
-    ([(header::CONTENT_TYPE, "application/json")], OPENAPI).into_response()
+    (
+        [(header::CONTENT_TYPE, "application/json")],
+        crate::openapi::document_json(),
+    )
+        .into_response()
 }
 
 async fn metrics(State(st): State<AppState>) -> Response {
@@ -603,11 +674,5 @@ mod tests {
         assert_eq!(sandbox_id_of("/v1/sandboxes/sb-n0-1/files"), "sb-n0-1");
         assert_eq!(sandbox_id_of("/v1/sandboxes/sb-n0-1"), "sb-n0-1");
         assert_eq!(sandbox_id_of("/v1/images"), "");
-    }
-
-    #[test]
-    fn openapi_is_json() {
-        let v: serde_json::Value = serde_json::from_str(OPENAPI).unwrap();
-        assert_eq!(v["openapi"].as_str().map(|s| &s[..2]), Some("3."));
     }
 }

@@ -41,6 +41,7 @@ use serde::{Deserialize, Serialize};
 
 /// Which kind of isolation a sandbox gets.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(rename_all = "snake_case")]
 pub enum Substrate {
     #[default]
@@ -52,6 +53,7 @@ pub enum Substrate {
 
 /// Body of `POST /v1/sandboxes`.
 #[derive(Debug, Clone, Serialize, Deserialize, Default)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(deny_unknown_fields)]
 pub struct CreateSandboxRequest {
     /// Image name (`name` or `name:tag`). The SDK calls it `container_image`.
@@ -135,6 +137,7 @@ pub struct CreateSandboxRequest {
 /// sandboxes run with SCHED_IDLE and the lowest CPU weight, and are the first whose cold memory
 /// is reclaimed and the first paused when the node runs short.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, Default)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(rename_all = "snake_case")]
 pub enum QosClass {
     #[default]
@@ -144,6 +147,7 @@ pub enum QosClass {
 
 /// What the idle TTL (`ttl_running_stop`) does when it fires.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(rename_all = "snake_case")]
 pub enum TtlAction {
     #[default]
@@ -152,6 +156,7 @@ pub enum TtlAction {
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(rename_all = "snake_case")]
 pub enum SandboxState {
     #[default]
@@ -165,6 +170,7 @@ pub enum SandboxState {
 
 /// What the platform knows about one sandbox.
 #[derive(Debug, Clone, Serialize, Deserialize, Default)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct SandboxInfo {
     pub id: String,
     pub node: String,
@@ -216,6 +222,7 @@ pub struct SandboxInfo {
 
 /// What a pause did: memory before and after, and how it was reclaimed.
 #[derive(Debug, Clone, Serialize, Deserialize, Default, PartialEq)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct PauseReport {
     /// Memory charged to the sandbox before the pause (page cache + anonymous + kernel).
     pub memory_before_bytes: u64,
@@ -237,6 +244,7 @@ pub struct PauseReport {
 /// Body of `POST /v1/jobs/{pause,resume,stop}`: every sandbox whose labels include all of
 /// these (an empty selector matches nothing).
 #[derive(Debug, Clone, Serialize, Deserialize, Default)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(deny_unknown_fields)]
 pub struct LabelSelector {
     pub labels: BTreeMap<String, String>,
@@ -244,6 +252,7 @@ pub struct LabelSelector {
 
 /// One sandbox a job operation could not act on.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct JobOpFailure {
     pub id: String,
     pub error: ErrorDetail,
@@ -251,6 +260,7 @@ pub struct JobOpFailure {
 
 /// Answer of `POST /v1/jobs/{pause,resume,stop}`.
 #[derive(Debug, Clone, Serialize, Deserialize, Default)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct JobOpResult {
     /// Sandboxes whose labels matched.
     pub matched: u64,
@@ -267,12 +277,14 @@ pub struct JobOpResult {
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct SandboxList {
     pub sandboxes: Vec<SandboxInfo>,
 }
 
 /// Body of `POST /v1/sandboxes/{id}/shell`: run `cmd` in a persistent shell session.
 #[derive(Debug, Clone, Serialize, Deserialize, Default)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(deny_unknown_fields)]
 pub struct RunShellRequest {
     pub cmd: String,
@@ -308,6 +320,7 @@ pub fn default_session() -> String {
 
 /// Body of `POST /v1/sandboxes/{id}/exec`: run an argv directly, no shell.
 #[derive(Debug, Clone, Serialize, Deserialize, Default)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(deny_unknown_fields)]
 pub struct ExecRequest {
     pub argv: Vec<String>,
@@ -338,6 +351,7 @@ pub struct ExecRequest {
 /// Calls that carry a client `step` are fast-forwarded: repeating a completed step answers its
 /// recorded result (response header `x-dsec-replayed: true`) without running it again.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Default)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct TrajectoryRecord {
     /// Position in the sandbox's log, from 1, without gaps.
     pub seq: u64,
@@ -376,6 +390,7 @@ pub struct TrajectoryRecord {
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Default)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct FileDigest {
     pub path: String,
     pub sha256: String,
@@ -384,6 +399,7 @@ pub struct FileDigest {
 
 /// `GET /v1/sandboxes/{id}/trajectory/last_step`.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Default)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct LastStep {
     pub sandbox: String,
     /// Highest step id whose call completed (`null` when none).
@@ -400,6 +416,7 @@ pub struct LastStep {
 
 /// Result of a shell command or exec.
 #[derive(Debug, Clone, Serialize, Deserialize, Default, PartialEq)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct CommandResult {
     /// Exit code; `-1` when killed by a signal (see `signal`).
     pub exit_code: i32,
@@ -433,6 +450,7 @@ pub struct CommandResult {
 
 /// One line of a streamed command.
 #[derive(Debug, Clone, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(tag = "type", rename_all = "snake_case")]
 pub enum StreamEvent {
     /// A chunk of output; `data` is UTF-8 (lossy) and `data_b64` carries exact bytes when not UTF-8.
@@ -453,6 +471,7 @@ pub enum StreamEvent {
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(rename_all = "snake_case")]
 pub enum FileKind {
     File,
@@ -462,6 +481,7 @@ pub enum FileKind {
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct FileInfo {
     pub path: String,
     pub name: String,
@@ -478,6 +498,7 @@ pub struct FileInfo {
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct FileList {
     pub path: String,
     pub entries: Vec<FileInfo>,
@@ -485,6 +506,7 @@ pub struct FileList {
 
 /// Text frames on the TTY WebSocket.
 #[derive(Debug, Clone, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(tag = "type", rename_all = "snake_case")]
 pub enum TtyControl {
     Resize {
@@ -498,6 +520,7 @@ pub enum TtyControl {
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct ImageLayerInfo {
     pub digest: String,
     pub size_bytes: u64,
@@ -513,6 +536,7 @@ pub struct ImageLayerInfo {
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct ImageInfo {
     /// `name:tag`.
     pub name: String,
@@ -534,6 +558,7 @@ pub struct ImageInfo {
 /// Body of `POST /v1/sandboxes/{id}/pack_diff`: turn the sandbox's writable layer into a new
 /// layer and register `name` = the sandbox's layers + that diff.
 #[derive(Debug, Clone, Serialize, Deserialize, Default)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(deny_unknown_fields)]
 pub struct PackDiffRequest {
     /// Name of the new image (`name` or `name:tag`).
@@ -545,6 +570,7 @@ pub struct PackDiffRequest {
 
 /// Body of `POST /v1/images/{name}`: an operation on the image store.
 #[derive(Debug, Clone, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(tag = "action", rename_all = "snake_case", deny_unknown_fields)]
 pub enum ImageActionRequest {
     /// Merge consecutive layers of the image smaller than `max_layer_bytes` into one layer.
@@ -572,6 +598,7 @@ pub enum ImageActionRequest {
 /// request says `accept: application/x-ndjson` (progress of a pull); the last line is `done`
 /// or `error`. Without that header the answer is a plain 201 [`ImageInfo`].
 #[derive(Debug, Clone, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(tag = "event", rename_all = "snake_case")]
 pub enum ImageActionEvent {
     /// The manifest was resolved.
@@ -600,12 +627,14 @@ pub enum ImageActionEvent {
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct ImageList {
     pub images: Vec<ImageInfo>,
 }
 
 /// An edge's view of itself (`GET /edge/v1/status`), polled by the watcher.
 #[derive(Debug, Clone, Serialize, Deserialize, Default)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct NodeStatus {
     pub node: String,
     pub url: String,
@@ -633,6 +662,7 @@ pub struct NodeStatus {
 
 /// One kernel feature: present or not, and what was seen (`EINVAL`, the file checked, ...).
 #[derive(Debug, Clone, Serialize, Deserialize, Default, PartialEq)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct Capability {
     pub available: bool,
     #[serde(default)]
@@ -641,6 +671,7 @@ pub struct Capability {
 
 /// Kernel features the edge found at start.
 #[derive(Debug, Clone, Serialize, Deserialize, Default, PartialEq)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(default)]
 pub struct NodeCapabilities {
     /// `v1` or `v2`.
@@ -669,6 +700,7 @@ pub struct NodeCapabilities {
 /// working set / CPU use of the node's sandboxes plus reservations of those still starting;
 /// `free_*` is the largest request of that class the node admits now.
 #[derive(Debug, Clone, Serialize, Deserialize, Default, PartialEq)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(default)]
 pub struct AdmissionStatus {
     pub memory_mb_used: u64,
@@ -684,62 +716,164 @@ pub struct AdmissionStatus {
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct NodeList {
     pub nodes: Vec<NodeStatus>,
 }
 
 /// Every error answer: `{"error": {"code": "...", "message": "..."}}`.
 #[derive(Debug, Clone, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct ErrorBody {
     pub error: ErrorDetail,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct ErrorDetail {
-    /// Stable machine-readable code, one of [`codes`].
+    /// Stable machine-readable code, one of [`ErrorCode`] (kept a string on the wire so that a
+    /// client reading a code it does not know yet still gets the message).
+    #[cfg_attr(feature = "openapi", schema(value_type = ErrorCode))]
     pub code: String,
     /// What was wrong and what to do about it.
     pub message: String,
 }
 
-/// Stable error codes and the HTTP status each maps to.
-pub mod codes {
-    pub const BAD_REQUEST: &str = "bad_request"; // 400
-    pub const UNAUTHORIZED: &str = "unauthorized"; // 401
-    pub const FORBIDDEN: &str = "forbidden"; // 403
-    pub const SANDBOX_NOT_FOUND: &str = "sandbox_not_found"; // 404
-    pub const IMAGE_NOT_FOUND: &str = "image_not_found"; // 404
-    pub const FILE_NOT_FOUND: &str = "file_not_found"; // 404
-    pub const NOT_FOUND: &str = "not_found"; // 404
-    pub const CONFLICT: &str = "conflict"; // 409 (image in use, sandbox not running, ...)
-    pub const PAYLOAD_TOO_LARGE: &str = "payload_too_large"; // 413
-    pub const QUOTA_EXCEEDED: &str = "quota_exceeded"; // 429
-    pub const NODE_FULL: &str = "node_full"; // 503
-    pub const NODE_UNAVAILABLE: &str = "node_unavailable"; // 503
-    pub const SANDBOX_BUSY: &str = "sandbox_busy"; // 503 (at its process limit; retry)
-    pub const SANDBOX_DEAD: &str = "sandbox_dead"; // 410
-    pub const UNSUPPORTED: &str = "unsupported"; // 501
-    pub const INTERNAL: &str = "internal"; // 500
+/// Every stable error code. 4xx codes mean the caller must fix something, 5xx the server side
+/// (or the node) failed; [`ErrorCode::status`] gives the HTTP status of each.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+#[serde(rename_all = "snake_case")]
+pub enum ErrorCode {
+    /// 400: the request is malformed or a value is out of range.
+    BadRequest,
+    /// 401: no API key, or not a valid one.
+    Unauthorized,
+    /// 403: the key may not do this (e.g. admin routes).
+    Forbidden,
+    /// 404: no such sandbox.
+    SandboxNotFound,
+    /// 404: no such image.
+    ImageNotFound,
+    /// 404: no such file inside the sandbox.
+    FileNotFound,
+    /// 404: no such route or resource.
+    NotFound,
+    /// 409: the resource is in the wrong state (image in use, sandbox not running, step reused
+    /// with another request, ...).
+    Conflict,
+    /// 413: the body is over the size limit.
+    PayloadTooLarge,
+    /// 429: a project quota (count, CPU, memory, creation rate) would be exceeded.
+    QuotaExceeded,
+    /// 503: no node has room for the sandbox; retry later.
+    NodeFull,
+    /// 503: the node owning the sandbox does not answer.
+    NodeUnavailable,
+    /// 503: the sandbox is at its process limit; retry.
+    SandboxBusy,
+    /// 410: the sandbox died (its reason is in the sandbox's `reason`).
+    SandboxDead,
+    /// 501: the substrate or node does not support this operation.
+    Unsupported,
+    /// 500: a server-side failure (logged with its cause).
+    Internal,
 }
 
-/// Maps an error code to its HTTP status.
-pub fn status_for_code(code: &str) -> u16 {
-    match code {
-        codes::BAD_REQUEST => 400,
-        codes::UNAUTHORIZED => 401,
-        codes::FORBIDDEN => 403,
-        codes::SANDBOX_NOT_FOUND
-        | codes::IMAGE_NOT_FOUND
-        | codes::FILE_NOT_FOUND
-        | codes::NOT_FOUND => 404,
-        codes::CONFLICT => 409,
-        codes::SANDBOX_DEAD => 410,
-        codes::PAYLOAD_TOO_LARGE => 413,
-        codes::QUOTA_EXCEEDED => 429,
-        codes::UNSUPPORTED => 501,
-        codes::NODE_FULL | codes::NODE_UNAVAILABLE | codes::SANDBOX_BUSY => 503,
-        _ => 500,
+impl ErrorCode {
+    /// Every code, in the order of the enum.
+    pub const ALL: [ErrorCode; 16] = [
+        ErrorCode::BadRequest,
+        ErrorCode::Unauthorized,
+        ErrorCode::Forbidden,
+        ErrorCode::SandboxNotFound,
+        ErrorCode::ImageNotFound,
+        ErrorCode::FileNotFound,
+        ErrorCode::NotFound,
+        ErrorCode::Conflict,
+        ErrorCode::PayloadTooLarge,
+        ErrorCode::QuotaExceeded,
+        ErrorCode::NodeFull,
+        ErrorCode::NodeUnavailable,
+        ErrorCode::SandboxBusy,
+        ErrorCode::SandboxDead,
+        ErrorCode::Unsupported,
+        ErrorCode::Internal,
+    ];
+
+    /// The code as it appears in [`ErrorDetail::code`].
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            ErrorCode::BadRequest => "bad_request",
+            ErrorCode::Unauthorized => "unauthorized",
+            ErrorCode::Forbidden => "forbidden",
+            ErrorCode::SandboxNotFound => "sandbox_not_found",
+            ErrorCode::ImageNotFound => "image_not_found",
+            ErrorCode::FileNotFound => "file_not_found",
+            ErrorCode::NotFound => "not_found",
+            ErrorCode::Conflict => "conflict",
+            ErrorCode::PayloadTooLarge => "payload_too_large",
+            ErrorCode::QuotaExceeded => "quota_exceeded",
+            ErrorCode::NodeFull => "node_full",
+            ErrorCode::NodeUnavailable => "node_unavailable",
+            ErrorCode::SandboxBusy => "sandbox_busy",
+            ErrorCode::SandboxDead => "sandbox_dead",
+            ErrorCode::Unsupported => "unsupported",
+            ErrorCode::Internal => "internal",
+        }
     }
+
+    /// The HTTP status answered with this code.
+    pub const fn status(self) -> u16 {
+        match self {
+            ErrorCode::BadRequest => 400,
+            ErrorCode::Unauthorized => 401,
+            ErrorCode::Forbidden => 403,
+            ErrorCode::SandboxNotFound
+            | ErrorCode::ImageNotFound
+            | ErrorCode::FileNotFound
+            | ErrorCode::NotFound => 404,
+            ErrorCode::Conflict => 409,
+            ErrorCode::SandboxDead => 410,
+            ErrorCode::PayloadTooLarge => 413,
+            ErrorCode::QuotaExceeded => 429,
+            ErrorCode::Unsupported => 501,
+            ErrorCode::NodeFull | ErrorCode::NodeUnavailable | ErrorCode::SandboxBusy => 503,
+            ErrorCode::Internal => 500,
+        }
+    }
+
+    /// The code named `code`, if it is one.
+    pub fn parse(code: &str) -> Option<ErrorCode> {
+        ErrorCode::ALL.into_iter().find(|c| c.as_str() == code)
+    }
+}
+
+/// Stable error codes as strings (the values of [`ErrorCode`]).
+pub mod codes {
+    use super::ErrorCode;
+
+    pub const BAD_REQUEST: &str = ErrorCode::BadRequest.as_str();
+    pub const UNAUTHORIZED: &str = ErrorCode::Unauthorized.as_str();
+    pub const FORBIDDEN: &str = ErrorCode::Forbidden.as_str();
+    pub const SANDBOX_NOT_FOUND: &str = ErrorCode::SandboxNotFound.as_str();
+    pub const IMAGE_NOT_FOUND: &str = ErrorCode::ImageNotFound.as_str();
+    pub const FILE_NOT_FOUND: &str = ErrorCode::FileNotFound.as_str();
+    pub const NOT_FOUND: &str = ErrorCode::NotFound.as_str();
+    pub const CONFLICT: &str = ErrorCode::Conflict.as_str();
+    pub const PAYLOAD_TOO_LARGE: &str = ErrorCode::PayloadTooLarge.as_str();
+    pub const QUOTA_EXCEEDED: &str = ErrorCode::QuotaExceeded.as_str();
+    pub const NODE_FULL: &str = ErrorCode::NodeFull.as_str();
+    pub const NODE_UNAVAILABLE: &str = ErrorCode::NodeUnavailable.as_str();
+    pub const SANDBOX_BUSY: &str = ErrorCode::SandboxBusy.as_str();
+    pub const SANDBOX_DEAD: &str = ErrorCode::SandboxDead.as_str();
+    pub const UNSUPPORTED: &str = ErrorCode::Unsupported.as_str();
+    pub const INTERNAL: &str = ErrorCode::Internal.as_str();
+}
+
+/// Maps an error code to its HTTP status (500 for a code this build does not know).
+pub fn status_for_code(code: &str) -> u16 {
+    ErrorCode::parse(code).map_or(500, ErrorCode::status)
 }
 
 /// Request size limits enforced by every server.
@@ -757,6 +891,7 @@ pub mod limits {
 
 /// Network mode of a sandbox.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(rename_all = "snake_case")]
 pub enum NetworkMode {
     /// Loopback only.
@@ -770,6 +905,7 @@ pub enum NetworkMode {
 
 /// One allow rule: destination address or CIDR, optional port range, optional protocol.
 #[derive(Debug, Clone, Serialize, Deserialize, Default, PartialEq, Eq)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(deny_unknown_fields)]
 pub struct NetworkRule {
     /// IPv4 or IPv6 address or CIDR: `192.0.2.7`, `10.0.0.0/8`, `fd00::/64`.
@@ -784,6 +920,7 @@ pub struct NetworkRule {
 
 /// Body part of a create (`network`) and of `PUT /v1/sandboxes/{id}/network`.
 #[derive(Debug, Clone, Serialize, Deserialize, Default, PartialEq)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(deny_unknown_fields)]
 pub struct NetworkSpec {
     /// Absent: `allowlist` if rules or enabled groups are given, else `none` (on PUT: unchanged).
@@ -798,6 +935,7 @@ pub struct NetworkSpec {
 
 /// A name the DNS proxy answered for a sandbox, and the address it allowed.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct DnsGrant {
     pub name: String,
     pub address: String,
@@ -807,6 +945,7 @@ pub struct DnsGrant {
 
 /// `GET /v1/sandboxes/{id}/network` (and the answer of `PUT`).
 #[derive(Debug, Clone, Serialize, Deserialize, Default, PartialEq)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct NetworkStatus {
     pub mode: NetworkMode,
     pub rules: Vec<NetworkRule>,
@@ -834,6 +973,7 @@ pub struct NetworkStatus {
 
 /// Outcome of one run of a function (or of its compile step).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(rename_all = "snake_case")]
 pub enum FunctionStatus {
     #[default]
@@ -848,6 +988,7 @@ pub enum FunctionStatus {
 
 /// Judge's verdict for one test case.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(rename_all = "snake_case")]
 pub enum Verdict {
     Accepted,
@@ -862,6 +1003,7 @@ pub enum Verdict {
 
 /// How a test case's output is compared with the expected one.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(rename_all = "snake_case")]
 pub enum CompareMode {
     /// Byte for byte.
@@ -873,6 +1015,7 @@ pub enum CompareMode {
 
 /// One (stdin, expected stdout) pair of the test-case mode.
 #[derive(Debug, Clone, Serialize, Deserialize, Default, PartialEq)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(deny_unknown_fields)]
 pub struct TestCase {
     #[serde(default)]
@@ -882,6 +1025,7 @@ pub struct TestCase {
 
 /// `POST /v1/functions/call`: run `code` once (or once per test case) in a pre-warmed worker.
 #[derive(Debug, Clone, Serialize, Deserialize, Default, PartialEq)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(deny_unknown_fields)]
 pub struct FunctionCallRequest {
     /// `python`, `bash`, `c`, `cpp` or `command` (run `command` in `image`; `code` is then
@@ -933,6 +1077,7 @@ pub struct FunctionCallRequest {
 
 /// The result of one run.
 #[derive(Debug, Clone, Serialize, Deserialize, Default, PartialEq)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct RunResult {
     pub status: FunctionStatus,
     pub exit_code: i32,
@@ -949,6 +1094,7 @@ pub struct RunResult {
 
 /// One judged test case.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct CaseResult {
     pub verdict: Verdict,
     #[serde(flatten)]
@@ -957,6 +1103,7 @@ pub struct CaseResult {
 
 /// Answer of `POST /v1/functions/call`.
 #[derive(Debug, Clone, Serialize, Deserialize, Default, PartialEq)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct FunctionCallResult {
     /// The run (the first case's in test-case mode, or the compile step when it failed).
     #[serde(flatten)]
@@ -977,6 +1124,7 @@ pub struct FunctionCallResult {
 
 /// `POST /v1/functions/batch`.
 #[derive(Debug, Clone, Serialize, Deserialize, Default, PartialEq)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(deny_unknown_fields)]
 pub struct FunctionBatchRequest {
     pub calls: Vec<FunctionCallRequest>,
@@ -987,6 +1135,7 @@ pub struct FunctionBatchRequest {
 
 /// One entry of a batch answer: a result, or the error that call got.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct FunctionBatchItem {
     #[serde(default)]
     pub result: Option<FunctionCallResult>,
@@ -996,12 +1145,14 @@ pub struct FunctionBatchItem {
 
 /// Answer of `POST /v1/functions/batch`: `results[i]` belongs to `calls[i]`.
 #[derive(Debug, Clone, Serialize, Deserialize, Default, PartialEq)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct FunctionBatchResult {
     pub results: Vec<FunctionBatchItem>,
 }
 
 /// One pool of warm workers.
 #[derive(Debug, Clone, Serialize, Deserialize, Default, PartialEq)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct FunctionPoolInfo {
     pub image: String,
     pub toolkits: Vec<String>,
@@ -1021,6 +1172,45 @@ pub struct FunctionPoolInfo {
 
 /// Answer of `GET /v1/functions/pools`.
 #[derive(Debug, Clone, Serialize, Deserialize, Default, PartialEq)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct FunctionPoolList {
     pub pools: Vec<FunctionPoolInfo>,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn error_codes_serialize_as_their_strings_and_are_distinct() {
+        let mut seen = std::collections::BTreeSet::new();
+        for code in ErrorCode::ALL {
+            assert_eq!(serde_json::to_value(code).unwrap(), code.as_str());
+            assert_eq!(ErrorCode::parse(code.as_str()), Some(code));
+            assert_eq!(status_for_code(code.as_str()), code.status());
+            assert!(seen.insert(code.as_str()), "{code:?} listed twice in ALL");
+            // Exhaustive on purpose: a new variant stops this from compiling until it is
+            // looked at here (and added to `ALL`).
+            match code {
+                ErrorCode::BadRequest
+                | ErrorCode::Unauthorized
+                | ErrorCode::Forbidden
+                | ErrorCode::SandboxNotFound
+                | ErrorCode::ImageNotFound
+                | ErrorCode::FileNotFound
+                | ErrorCode::NotFound
+                | ErrorCode::Conflict
+                | ErrorCode::PayloadTooLarge
+                | ErrorCode::QuotaExceeded
+                | ErrorCode::NodeFull
+                | ErrorCode::NodeUnavailable
+                | ErrorCode::SandboxBusy
+                | ErrorCode::SandboxDead
+                | ErrorCode::Unsupported
+                | ErrorCode::Internal => {}
+            }
+        }
+        assert_eq!(status_for_code("no_such_code"), 500);
+        assert_eq!(status_for_code(codes::QUOTA_EXCEEDED), 429);
+    }
 }

@@ -84,7 +84,7 @@ pub async fn revoke_key(
 }
 
 /// One node in the cluster view.
-#[derive(Debug, Clone, Serialize, Deserialize)]
+#[derive(Debug, Clone, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct ClusterNode {
     pub node: String,
     pub url: String,
@@ -102,7 +102,7 @@ pub struct ClusterNode {
 }
 
 /// `GET /v1/cluster`.
-#[derive(Debug, Clone, Serialize, Deserialize)]
+#[derive(Debug, Clone, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct ClusterView {
     pub nodes: Vec<ClusterNode>,
     pub sandboxes: u64,

@@ -19,7 +19,7 @@ pub mod ledger;
 use serde::{Deserialize, Serialize};
 
 /// Limits of one project; `None` is unlimited.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct Quota {
     #[serde(default)]
@@ -33,7 +33,7 @@ pub struct Quota {
 }
 
 /// What a project (with its descendants) uses now.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct Usage {
     pub sandboxes: u64,
     pub cpu_cores: f64,
@@ -41,7 +41,7 @@ pub struct Usage {
 }
 
 /// A project as the admin API shows it.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct ProjectView {
     pub name: String,
     pub parent: Option<String>,
@@ -50,13 +50,13 @@ pub struct ProjectView {
 }
 
 /// `GET /v1/projects`.
-#[derive(Debug, Clone, Serialize, Deserialize)]
+#[derive(Debug, Clone, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct ProjectList {
     pub projects: Vec<ProjectView>,
 }
 
 /// `POST /v1/projects`.
-#[derive(Debug, Clone, Serialize, Deserialize)]
+#[derive(Debug, Clone, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct CreateProjectRequest {
     pub name: String,
@@ -68,7 +68,7 @@ pub struct CreateProjectRequest {
 }
 
 /// `POST /v1/keys`: a key for a (new or existing) principal.
-#[derive(Debug, Clone, Serialize, Deserialize)]
+#[derive(Debug, Clone, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct CreateKeyRequest {
     /// Principal name; created when it does not exist.
@@ -82,7 +82,7 @@ pub struct CreateKeyRequest {
 }
 
 /// Answer of `POST /v1/keys`: the only time the plaintext key exists outside its holder.
-#[derive(Debug, Clone, Serialize, Deserialize)]
+#[derive(Debug, Clone, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct CreatedKey {
     pub principal: String,
     pub project: String,
