@@ -46,3 +46,16 @@ if ! "$PY" -c 'import httpx, pytest' 2>/dev/null; then
     "$PY" -m pip install -q httpx pytest pytest-asyncio 2>/dev/null \
         || "$PY" -m pip install -q --break-system-packages httpx pytest pytest-asyncio
 fi
+
+# Checks of the deployment files (tests/test_deploy.py): pinned, like the Kubernetes version
+# the manifests are validated against.
+DEPLOY_TOOLS=(yamllint==1.38.0 kubernetes-validate==1.37.0)
+if ! "$PY" - "${DEPLOY_TOOLS[@]}" <<'PYEOF' 2>/dev/null; then
+import sys
+from importlib.metadata import version
+sys.exit(any(version(n) != v for n, v in (t.split("==") for t in sys.argv[1:])))
+PYEOF
+    echo "[dsec] installing Python packages (${DEPLOY_TOOLS[*]})"
+    "$PY" -m pip install -q "${DEPLOY_TOOLS[@]}" 2>/dev/null \
+        || "$PY" -m pip install -q --break-system-packages "${DEPLOY_TOOLS[@]}"
+fi
