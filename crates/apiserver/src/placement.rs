@@ -178,6 +178,33 @@ pub fn primary_utilisation(nodes: &[NodeView], cfg: &PlacementConfig) -> f64 {
     }
 }
 
+/// The refusal for a request no node of the cluster could ever hold: `memory_mb` or `cpu`
+/// above the largest node's total (by the nodes' last status), whatever runs there now. None
+/// while it might fit somewhere, or while some node has not reported its size yet.
+pub fn beyond_largest_node(nodes: &[NodeView], memory_mb: u64, cpu: f64) -> Option<String> {
+    let mut sizes = Vec::with_capacity(nodes.len());
+    for n in nodes {
+        let s = n.status.as_ref()?;
+        if s.memory_mb_total == 0 || s.cpu_cores_total <= 0.0 {
+            return None; // a node that does not say its size might be big enough
+        }
+        sizes.push((s.memory_mb_total, s.cpu_cores_total));
+    }
+    let max_mem = sizes.iter().map(|s| s.0).max()?;
+    let max_cpu = sizes.iter().map(|s| s.1).fold(0.0, f64::max);
+    if memory_mb > max_mem {
+        return Some(format!(
+            "memory_limit_mb {memory_mb} exceeds the largest node ({max_mem} MiB of memory): ask for at most {max_mem}"
+        ));
+    }
+    if cpu > max_cpu + 1e-9 {
+        return Some(format!(
+            "cpu_cores_limit {cpu} exceeds the largest node ({max_cpu} cores): ask for at most {max_cpu}"
+        ));
+    }
+    None
+}
+
 /// Plans where `req` goes.
 pub fn plan(
     nodes: &[NodeView],
@@ -344,6 +371,33 @@ mod tests {
 
     fn rng() -> rand::rngs::StdRng {
         rand::rngs::StdRng::seed_from_u64(7)
+    }
+
+    #[test]
+    fn a_request_beyond_the_largest_node_is_named_as_such() {
+        let mut small = view(0, true, 0, &[]);
+        let mut big = view(1, false, 0, &[]);
+        for (v, mem, cpu) in [(&mut small, 2048, 2.0), (&mut big, 8192, 8.0)] {
+            let s = v.status.as_mut().unwrap();
+            s.memory_mb_total = mem;
+            s.cpu_cores_total = cpu;
+        }
+        let nodes = vec![small, big];
+        // fits the big node (even while it is unhealthy): not the caller's mistake
+        assert_eq!(beyond_largest_node(&nodes, 8192, 8.0), None);
+        let m = beyond_largest_node(&nodes, 8193, 1.0).unwrap();
+        assert!(m.contains("8193") && m.contains("8192 MiB"), "{m}");
+        let c = beyond_largest_node(&nodes, 512, 9.5).unwrap();
+        assert!(c.contains("9.5") && c.contains("8 cores"), "{c}");
+        // a node that has not reported its size yet might be big enough
+        let mut unknown = nodes.clone();
+        unknown.push(NodeView {
+            status: None,
+            polled: false,
+            ..view(2, false, 0, &[])
+        });
+        assert_eq!(beyond_largest_node(&unknown, 1 << 30, 1000.0), None);
+        assert_eq!(beyond_largest_node(&[], 1 << 30, 1000.0), None);
     }
 
     #[test]
