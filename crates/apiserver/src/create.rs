@@ -63,7 +63,7 @@ pub async fn create(
     if let Some(msg) = st
         .forwarder
         .watcher()
-        .with(|nodes| placement::beyond_largest_node(nodes, memory_mb, cpu))
+        .with(|nodes| placement::beyond_largest_node(nodes, &req))
     {
         return Err(ApiError::BadRequest(msg));
     }
