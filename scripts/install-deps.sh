@@ -64,3 +64,16 @@ if [[ "$("$PY" -m pyflakes --version 2>/dev/null | awk '{print $1}')" != "$PYFLA
     "$PY" -m pip install -q "pyflakes==$PYFLAKES_VERSION" 2>/dev/null \
         || "$PY" -m pip install -q --break-system-packages "pyflakes==$PYFLAKES_VERSION"
 fi
+
+# Checks of the deployment files (tests/test_deploy.py): pinned, like the Kubernetes version
+# the manifests are validated against.
+DEPLOY_TOOLS=(yamllint==1.38.0 kubernetes-validate==1.37.0)
+if ! "$PY" - "${DEPLOY_TOOLS[@]}" <<'PYEOF' 2>/dev/null; then
+import sys
+from importlib.metadata import version
+sys.exit(any(version(n) != v for n, v in (t.split("==") for t in sys.argv[1:])))
+PYEOF
+    echo "[dsec] installing Python packages (${DEPLOY_TOOLS[*]})"
+    "$PY" -m pip install -q "${DEPLOY_TOOLS[@]}" 2>/dev/null \
+        || "$PY" -m pip install -q --break-system-packages "${DEPLOY_TOOLS[@]}"
+fi

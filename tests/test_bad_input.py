@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 import httpx
 import pytest
 
@@ -99,9 +101,50 @@ def test_unknown_sandbox_is_404(client, node):
             client.get_sandbox(bad)
 
 
-def test_unknown_node_is_503(client):
-    with pytest.raises(dsec.NodeUnavailable):
+def test_sandbox_of_a_node_nobody_knows_does_not_exist(client):
+    """A well-formed id naming a node that no configured edge is: 404 on every sandbox route
+    (503 is for a known node that does not answer: tests/test_cluster.py)."""
+    ghost = "sb-0-0000000000000000"
+    with pytest.raises(dsec.SandboxNotFound):
+        client.get_sandbox(ghost)
+    with pytest.raises(dsec.SandboxNotFound):
         client.get_sandbox("sb-nosuchnode-0123456789abcdef")
+    with pytest.raises(dsec.SandboxNotFound):
+        client.stop_sandbox(ghost)
+    sb = dsec.sync.Sandbox(client, dsec.Sandbox(client._aclient, dsec.SandboxInfo(id=ghost)))
+    for call in (lambda: sb.run_shell("echo hi"), lambda: sb.read_file("/etc/passwd"),
+                 lambda: sb.write_file("/tmp/x", b"x"), lambda: sb.exec(["true"]),
+                 lambda: sb.pause(), lambda: sb.resume()):
+        with pytest.raises(dsec.SandboxNotFound):
+            call()
+
+
+def test_create_beyond_the_largest_node_says_so(client, node):
+    """More memory or CPU than any node could ever admit is the caller's mistake (4xx naming
+    the largest node's limit), not `node_full ... retry later`. 60 cores is within the edge's
+    max_cpu_cores (64) but beyond what this suite's node admits (its cores x ls_cpu_ratio 25)
+    whenever it has fewer than 3 cores; the memory ask is beyond any node."""
+    cores = os.cpu_count() or 1
+    asks = [({"memory_limit_mb": 1 << 30}, "memory_limit_mb")]
+    if cores * 25 < 60:
+        asks.append(({"cpu_cores_limit": 60.0}, "cpu_cores_limit"))
+    for kw, what in asks:
+        r = raw(node, "POST", "/v1/sandboxes", json={"image": "busybox", **kw})
+        assert r.status_code == 400, f"{kw}: {r.status_code} {r.text[:300]}"
+        msg = error_of(r)["message"]
+        assert what in msg and "largest node could ever admit" in msg and "at most" in msg, msg
+    with pytest.raises(dsec.BadRequest):
+        make_sandbox(client, "busybox", memory_limit_mb=1 << 30)
+    # a request that fits is still placed
+    sb = make_sandbox(client, "busybox", memory_limit_mb=64)
+    stop_quietly(sb)
+
+
+def test_protected_path_missing_from_the_image_is_400(client):
+    with pytest.raises(dsec.BadRequest) as e:
+        make_sandbox(client, "busybox", protected_paths=["/etc", "/no/such/dir-e2e"])
+    assert e.value.status == 400
+    assert "/no/such/dir-e2e" in e.value.message and "does not exist in the image" in e.value.message
 
 
 def test_empty_argv_is_400(bb):

@@ -442,6 +442,43 @@ def specs(p: Proc) -> List[str]:
     return [f"{u}#{p.first('DSEC_EDGE_TOKEN')}" for u in p.vars["DSEC_EDGE_URL"]]
 
 
+def test_apiserver_db_as_sqlite_url_and_node_errors(dsec_bin):
+    """`--db sqlite:///PATH` (the README's form) starts and keeps its env file beside PATH; a
+    sandbox of a node no edge is answers 404 on every route, one of a known node that stopped
+    answering 503."""
+    d = tempfile.mkdtemp(prefix="dsec-sqliteurl-")
+    edge = sim_edges(dsec_bin, 1, 10)
+    api = None
+    try:
+        db = os.path.join(d, "state", "iam.db")
+        argv = [dsec_bin, "apiserver", "--listen", f"127.0.0.1:{free_port()}", "--db", f"sqlite://{db}",
+                "--watcher-period-ms", "200"] + sum((["--edge", e] for e in specs(edge)), [])
+        api = Proc(argv, ["DSEC_API_URL", "DSEC_API_KEY"]).start()
+        u, k = api.first("DSEC_API_URL"), api.first("DSEC_API_KEY")
+        assert os.path.isfile(db), f"no database at {db}: {os.listdir(d)}"
+        env_file = os.path.join(d, "state", "env")
+        with open(env_file) as f:
+            assert f"DSEC_API_KEY={k}" in f.read()
+        assert not glob.glob(os.path.join(d, "sqlite:*")) and not os.path.exists("sqlite:")
+        st, sb, _ = create(u, k)
+        assert st == 201, sb
+        ghost = "sb-0-0000000000000000"
+        for method, path, body in (("GET", "", None), ("DELETE", "", None), ("POST", "/shell", {"cmd": "true"}),
+                                   ("POST", "/exec", {"argv": ["true"]}), ("POST", "/pause", None),
+                                   ("POST", "/resume", None), ("GET", "/files?path=/etc/hostname", None)):
+            st, err, _ = call(method, f"{u}/v1/sandboxes/{ghost}{path}", k, body)
+            assert st == 404 and err["error"]["code"] == "sandbox_not_found", (method, path, st, err)
+        edge.kill(signal.SIGKILL)
+        assert wait_until(lambda: call("GET", f"{u}/v1/sandboxes/{sb['id']}", k)[0] == 503, timeout=20)
+        st, err, _ = call("GET", f"{u}/v1/sandboxes/{sb['id']}", k)
+        assert err["error"]["code"] == "node_unavailable", err
+    finally:
+        if api:
+            api.kill(signal.SIGTERM)
+        edge.kill(signal.SIGTERM)
+        shutil.rmtree(d, ignore_errors=True)
+
+
 def test_overflow_kicks_in_above_threshold(dsec_bin):
     d = tempfile.mkdtemp(prefix="dsec-overflow-")
     primary = sim_edges(dsec_bin, 2, 10)

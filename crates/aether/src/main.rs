@@ -330,7 +330,12 @@ fn container_setup(
         }
     };
     if let Err(e) = setup::container::apply(&setup) {
-        w.error(id, AetherErrorKind::Setup, format!("sandbox setup: {e}"));
+        let kind = if e.caller_mistake {
+            AetherErrorKind::BadRequest
+        } else {
+            AetherErrorKind::Setup
+        };
+        w.error(id, kind, format!("sandbox setup: {e}"));
         return Err(1);
     }
     let user = match users::resolve_here(if setup.user.is_empty() {

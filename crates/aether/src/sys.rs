@@ -203,6 +203,38 @@ pub const USER_CGROUP_FD: RawFd = 5;
 /// the parent cgroup) keeps a reserve for its threads.
 static USER_CGROUP: AtomicI32 = AtomicI32::new(-1);
 
+/// The `oom_score_adj` every child [`spawn`] forks writes for itself before exec, or -1 for
+/// none (bare mode: the child keeps aether's). See [`set_child_oom_score_adj`].
+static CHILD_OOM_SCORE_ADJ: AtomicI32 = AtomicI32::new(-1);
+
+/// What a command's `oom_score_adj` should be, given whether aether could lower its own to
+/// -1000: then commands go back to the default 0 (they would inherit -1000 and be unkillable);
+/// when it could not (a host without CAP_SYS_RESOURCE) aether stays at 0 and commands go to
+/// 1000, so that the OOM killer picks any command before aether, whatever aether holds
+/// (e.g. a command's captured output). Raising needs no privilege.
+pub fn child_oom_score_adj(aether_protected: bool) -> i32 {
+    if aether_protected {
+        0
+    } else {
+        1000
+    }
+}
+
+/// Makes every later [`spawn`] write `adj` (0 or 1000, see [`child_oom_score_adj`]) to the
+/// child's `/proc/self/oom_score_adj` before exec. Call once, in container mode, during setup.
+pub fn set_child_oom_score_adj(adj: i32) {
+    CHILD_OOM_SCORE_ADJ.store(adj, Ordering::SeqCst);
+}
+
+/// The bytes a child writes for `adj` (prepared before fork: the child may not allocate).
+fn oom_score_adj_text(adj: i32) -> Option<&'static [u8]> {
+    match adj {
+        0 => Some(b"0"),
+        1000 => Some(b"1000"),
+        _ => None,
+    }
+}
+
 /// Adopts [`USER_CGROUP_FD`] if it is a file on a cgroup file system (when the runtime passed
 /// none, fd 5 may be anything aether opened itself): marks it close-on-exec and makes [`spawn`]
 /// move every child into it. Returns whether it was adopted. Call once, in container mode,
@@ -345,6 +377,7 @@ pub fn spawn(reaper: &Reaper, spec: &SpawnSpec) -> Result<i32, SpawnError> {
         ctty: spec.ctty,
         err_fd: err_w.as_raw_fd(),
         cgroup_fd: USER_CGROUP.load(Ordering::SeqCst),
+        oom_score_adj: oom_score_adj_text(CHILD_OOM_SCORE_ADJ.load(Ordering::SeqCst)),
     };
     let pid = reaper.spawn_registered(|| {
         // SAFETY: fork has no memory-safety preconditions; the child only runs `child_main`,
@@ -404,6 +437,8 @@ struct ChildArgs {
     err_fd: RawFd,
     /// `cgroup.procs` of the user cgroup, or -1.
     cgroup_fd: RawFd,
+    /// Written to `/proc/self/oom_score_adj` before exec, if any.
+    oom_score_adj: Option<&'static [u8]>,
 }
 
 /// Runs in the forked child: only async-signal-safe calls, no allocation.
@@ -430,6 +465,18 @@ unsafe fn child_main(a: &ChildArgs) -> ! {
         // the sandbox's cgroup).
         if a.cgroup_fd >= 0 {
             libc::write(a.cgroup_fd, b"0".as_ptr().cast(), 1);
+        }
+        // Also best effort: the OOM killer must choose commands before aether (a failure
+        // leaves the inherited score, as before).
+        if let Some(adj) = a.oom_score_adj {
+            let fd = libc::open(
+                c"/proc/self/oom_score_adj".as_ptr(),
+                libc::O_WRONLY | libc::O_CLOEXEC,
+            );
+            if fd >= 0 {
+                libc::write(fd, adj.as_ptr().cast(), adj.len());
+                libc::close(fd);
+            }
         }
         let mut set: libc::sigset_t = std::mem::zeroed();
         libc::sigemptyset(&mut set);
@@ -607,4 +654,24 @@ pub fn set_identity(hostname: &str, secs: i64, nanos: u32, seed: &[u8]) -> Resul
         ));
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn commands_always_score_above_aether_for_the_oom_killer() {
+        // aether at -1000: commands back to the default; aether left at 0: commands above it
+        assert_eq!(child_oom_score_adj(true), 0);
+        assert_eq!(child_oom_score_adj(false), 1000);
+        for adj in [child_oom_score_adj(true), child_oom_score_adj(false)] {
+            let text = oom_score_adj_text(adj).expect("every chosen score has its text");
+            assert_eq!(
+                std::str::from_utf8(text).unwrap().parse::<i32>().unwrap(),
+                adj
+            );
+        }
+        assert_eq!(oom_score_adj_text(-1), None);
+    }
 }

@@ -60,6 +60,13 @@ pub async fn create(
         .unwrap_or_else(|| principal.project.clone());
     let memory_mb = req.memory_limit_mb.unwrap_or(cfg.default_memory_mb);
     let cpu = req.cpu_cores_limit.unwrap_or(cfg.default_cpu_cores);
+    if let Some(msg) = st
+        .forwarder
+        .watcher()
+        .with(|nodes| placement::beyond_largest_node(nodes, &req))
+    {
+        return Err(ApiError::BadRequest(msg));
+    }
     let res_id = hex::encode(rand::random::<[u8; 12]>());
     let reservation = Reservation {
         res_id: res_id.clone(),

@@ -86,11 +86,19 @@ impl Forwarder {
     pub fn edge_for_sandbox(&self, id: &str) -> Result<EdgeEndpoint, ApiError> {
         let node =
             dsec_wire::id::node_of(id).ok_or_else(|| ApiError::SandboxNotFound(id.to_string()))?;
-        let (edge, healthy, last_error) = self.watcher.endpoint_for(node).ok_or_else(|| {
-            ApiError::NodeUnavailable(format!(
-                "node {node:?} of sandbox {id} is not known to this apiserver (not configured, or its edge has not answered yet)"
-            ))
-        })?;
+        let Some((edge, healthy, last_error)) = self.watcher.endpoint_for(node) else {
+            // Every configured edge has said who it is and none is `node`: to this cluster
+            // the sandbox does not exist. Otherwise it may belong to an edge not heard yet.
+            if self
+                .watcher
+                .with(|ns| ns.iter().all(|n| n.node_id.is_some()))
+            {
+                return Err(ApiError::SandboxNotFound(id.to_string()));
+            }
+            return Err(ApiError::NodeUnavailable(format!(
+                "node {node:?} of sandbox {id} is not known to this apiserver yet (an edge has not answered since it started); retry shortly"
+            )));
+        };
         if !healthy {
             // Fail fast: the watcher will notice when it answers again.
             return Err(ApiError::NodeUnavailable(format!(

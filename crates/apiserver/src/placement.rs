@@ -178,6 +178,48 @@ pub fn primary_utilisation(nodes: &[NodeView], cfg: &PlacementConfig) -> f64 {
     }
 }
 
+/// The refusal for a request no node of the cluster could ever admit, however empty: more
+/// memory or CPU than the largest node's admission allows latency-sensitive sandboxes (the
+/// class placement judges a request without `qos` by). By the nodes' last status, what a node
+/// admits now plus what its sandboxes hold is at least what it admits when empty, so the
+/// answer is never wrong for a request that could fit. None while it might fit somewhere,
+/// for best-effort requests (their room depends on measured use), or while some node has not
+/// reported its admission figures.
+pub fn beyond_largest_node(nodes: &[NodeView], req: &CreateSandboxRequest) -> Option<String> {
+    if req.qos == Some(QosClass::BestEffort) || nodes.is_empty() {
+        return None;
+    }
+    // (node, memory bound MiB, cpu bound cores, memory total MiB)
+    let mut bounds = Vec::with_capacity(nodes.len());
+    for n in nodes {
+        let s = n.status.as_ref()?;
+        let a = s.admission.as_ref()?;
+        bounds.push((
+            s.node.as_str(),
+            a.memory_mb_free_ls + a.memory_mb_committed_ls + a.memory_mb_committed_be,
+            a.cpu_cores_free_ls + a.cpu_cores_committed_ls + a.cpu_cores_committed_be,
+            s.memory_mb_total,
+        ));
+    }
+    if let Some(mem) = req.memory_limit_mb {
+        let (node, most, _, total) = bounds.iter().max_by_key(|b| b.1)?;
+        if mem > *most {
+            return Some(format!(
+                "memory_limit_mb {mem} exceeds what the largest node could ever admit ({most} MiB on node {node}, {total} MiB of memory): ask for at most {most}"
+            ));
+        }
+    }
+    if let Some(cpu) = req.cpu_cores_limit {
+        let (node, _, most, _) = bounds.iter().max_by(|a, b| a.2.total_cmp(&b.2))?;
+        if cpu > most + 1e-9 {
+            return Some(format!(
+                "cpu_cores_limit {cpu} exceeds what the largest node could ever admit ({most:.2} cores on node {node}): ask for at most {most:.2}"
+            ));
+        }
+    }
+    None
+}
+
 /// Plans where `req` goes.
 pub fn plan(
     nodes: &[NodeView],
@@ -344,6 +386,78 @@ mod tests {
 
     fn rng() -> rand::rngs::StdRng {
         rand::rngs::StdRng::seed_from_u64(7)
+    }
+
+    #[test]
+    fn a_request_beyond_the_largest_node_is_named_as_such() {
+        use dsec_wire::api::AdmissionStatus;
+        let mut small = view(0, true, 0, &[]);
+        let mut big = view(1, false, 0, &[]);
+        // (free LS, committed LS, committed BE) for memory and cpu
+        for (v, mem, cpu) in [
+            (&mut small, (2048, 0, 0), (2.0, 0.0, 0.0)),
+            (&mut big, (1000, 6000, 1192), (3.0, 4.0, 1.0)),
+        ] {
+            let s = v.status.as_mut().unwrap();
+            s.memory_mb_total = 2048;
+            s.admission = Some(AdmissionStatus {
+                memory_mb_free_ls: mem.0,
+                memory_mb_committed_ls: mem.1,
+                memory_mb_committed_be: mem.2,
+                cpu_cores_free_ls: cpu.0,
+                cpu_cores_committed_ls: cpu.1,
+                cpu_cores_committed_be: cpu.2,
+                ..Default::default()
+            });
+        }
+        let nodes = vec![small, big];
+        let req =
+            |mem: Option<u64>, cpu: Option<f64>, qos: Option<QosClass>| CreateSandboxRequest {
+                memory_limit_mb: mem,
+                cpu_cores_limit: cpu,
+                qos,
+                ..Default::default()
+            };
+        // fits the busy big node once it empties (even while it is unhealthy): not a mistake
+        assert_eq!(
+            beyond_largest_node(&nodes, &req(Some(8192), Some(8.0), None)),
+            None
+        );
+        assert_eq!(beyond_largest_node(&nodes, &req(None, None, None)), None);
+        let m = beyond_largest_node(&nodes, &req(Some(8193), None, None)).unwrap();
+        assert!(
+            m.contains("8193") && m.contains("8192 MiB on node n1") && m.contains("at most 8192"),
+            "{m}"
+        );
+        let c = beyond_largest_node(
+            &nodes,
+            &req(None, Some(8.5), Some(QosClass::LatencySensitive)),
+        )
+        .unwrap();
+        assert!(c.contains("8.5") && c.contains("8.00 cores"), "{c}");
+        // best-effort room depends on measured use: never refused here
+        assert_eq!(
+            beyond_largest_node(
+                &nodes,
+                &req(Some(1 << 30), None, Some(QosClass::BestEffort))
+            ),
+            None
+        );
+        // a node that has not reported its figures yet might be big enough
+        let mut unknown = nodes.clone();
+        unknown.push(NodeView {
+            status: None,
+            polled: false,
+            ..view(2, false, 0, &[])
+        });
+        assert_eq!(
+            beyond_largest_node(&unknown, &req(Some(1 << 30), None, None)),
+            None
+        );
+        assert_eq!(
+            beyond_largest_node(&[], &req(Some(1 << 30), None, None)),
+            None
+        );
     }
 
     #[test]

@@ -390,16 +390,7 @@ pub async fn apiserver(a: ApiserverArgs) -> anyhow::Result<()> {
     if api.edges.is_empty() {
         return Err(crate::UsageError("pass at least one --edge URL[#token]".into()).into());
     }
-    let env_file: PathBuf = a.env_file.unwrap_or_else(|| {
-        // `--db postgres://…` names a server, not a file: keep the key in the default dir.
-        if dsec_apiserver::store::Target::is_url(&api.db_path.to_string_lossy()) {
-            return PathBuf::from("/var/lib/dsec/env");
-        }
-        api.db_path
-            .parent()
-            .map(|p| p.join("env"))
-            .unwrap_or_else(|| PathBuf::from("env"))
-    });
+    let env_file: PathBuf = a.env_file.unwrap_or_else(|| default_env_file(&api.db_path));
     let server = ApiServer::start(api).await.context("start the apiserver")?;
     let url = server.url();
     wait_http_ok(&format!("{url}/healthz"), Duration::from_secs(30))
@@ -416,9 +407,41 @@ pub async fn apiserver(a: ApiserverArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// Where `dsec apiserver` writes its env file when `--env-file` is not given: beside the SQLite
+/// file `--db` names (a path or `sqlite:///path`), or in /var/lib/dsec for a PostgreSQL URL.
+fn default_env_file(db: &Path) -> PathBuf {
+    match dsec_apiserver::store::Target::from_path(db) {
+        dsec_apiserver::store::Target::Postgres(_) => PathBuf::from("/var/lib/dsec/env"),
+        dsec_apiserver::store::Target::Sqlite(file) => match file.parent() {
+            Some(dir) if !dir.as_os_str().is_empty() => dir.join("env"),
+            _ => PathBuf::from("env"),
+        },
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn env_file_goes_beside_the_sqlite_file_in_every_form() {
+        for db in ["/var/x/api.db", "sqlite:///var/x/api.db"] {
+            assert_eq!(
+                default_env_file(Path::new(db)),
+                Path::new("/var/x/env"),
+                "{db}"
+            );
+        }
+        assert_eq!(default_env_file(Path::new("api.db")), Path::new("env"));
+        assert_eq!(
+            default_env_file(Path::new("sqlite://api.db")),
+            Path::new("env")
+        );
+        assert_eq!(
+            default_env_file(Path::new("postgres://u@db.dsec.test/dsec")),
+            Path::new("/var/lib/dsec/env")
+        );
+    }
 
     #[test]
     fn config_file_tables() {

@@ -11,20 +11,49 @@ use dsec_wire::aether::ContainerSetup;
 use super::sys::RealSys;
 use super::{caps, landlock, mounts, seccomp};
 
-/// Why the sandbox could not be set up; sent to the edge as a `Setup` error.
+/// Why the sandbox could not be set up; sent to the edge as a `Setup` error, or as a
+/// `BadRequest` when the request asked for something the image cannot give
+/// ([`SetupError::caller_mistake`]).
 #[derive(Debug)]
-pub struct SetupError(pub String);
+pub struct SetupError {
+    pub message: String,
+    /// The create request is wrong (e.g. a protected path the image lacks): a 4xx to its caller.
+    pub caller_mistake: bool,
+}
 
 impl std::fmt::Display for SetupError {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(&self.0)
+        f.write_str(&self.message)
     }
 }
 
 impl std::error::Error for SetupError {}
 
 fn fail(what: &str, e: impl std::fmt::Display) -> SetupError {
-    SetupError(format!("{what}: {e}"))
+    SetupError {
+        message: format!("{what}: {e}"),
+        caller_mistake: false,
+    }
+}
+
+/// Every protected path must exist in the sandbox's root (called after pivot_root): a path
+/// the image lacks is the caller's mistake, named in the error.
+fn check_protected_paths(paths: &[String]) -> Result<(), SetupError> {
+    for p in paths {
+        if let Err(e) = std::fs::symlink_metadata(p) {
+            let why = match e.kind() {
+                std::io::ErrorKind::NotFound => "does not exist in the image".to_string(),
+                _ => format!("cannot be looked up in the image ({e})"),
+            };
+            return Err(SetupError {
+                message: format!(
+                    "protected_paths: {p} {why}; name paths that exist in the image or drop it"
+                ),
+                caller_mistake: true,
+            });
+        }
+    }
+    Ok(())
 }
 
 /// The highest fd that survives setup: 3 is the edge channel, 4 an optional listener, 5 the
@@ -33,7 +62,12 @@ pub const KEEP_FDS_UP_TO: RawFd = 5;
 
 /// Checks the message before anything is mounted.
 pub fn validate(setup: &ContainerSetup) -> Result<(), SetupError> {
-    let bad = |m: String| Err(SetupError(m));
+    let bad = |message: String| {
+        Err(SetupError {
+            message,
+            caller_mistake: false,
+        })
+    };
     let host_path_ok = |p: &str| {
         p.starts_with('/')
             && !p.contains([':', ',', '\\', '\0'])
@@ -71,9 +105,9 @@ pub fn validate(setup: &ContainerSetup) -> Result<(), SetupError> {
 /// Builds the sandbox's root and restrictions. Called once, as PID 1, before serving.
 ///
 /// Closes every fd above [`KEEP_FDS_UP_TO`] (except duplicates of fds 3 to 5) and points 0–2
-/// at /dev/null: open nothing else the server needs before calling it. Processes forked
-/// afterwards inherit `oom_score_adj` -1000 and must raise it back to 0 before exec
-/// (`/proc/self/oom_score_adj`), so that the OOM killer picks user processes, never aether.
+/// at /dev/null: open nothing else the server needs before calling it. Sets the
+/// `oom_score_adj` that commands take before exec (`sys::set_child_oom_score_adj`): 0 when
+/// aether got -1000, else 1000, so that the OOM killer picks user processes, never aether.
 pub fn apply(setup: &ContainerSetup) -> Result<(), SetupError> {
     validate(setup)?;
     let mut sys = RealSys;
@@ -89,6 +123,7 @@ pub fn apply(setup: &ContainerSetup) -> Result<(), SetupError> {
     mounts::make_readonly(&mut sys, &setup.readonly_paths)
         .map_err(|e| fail("read-only paths", e))?;
     nix::unistd::sethostname(&setup.hostname).map_err(|e| fail("sethostname", e))?;
+    check_protected_paths(&setup.protected_paths)?;
     protect_from_oom()?;
     fd_hygiene().map_err(|e| fail("close inherited fds", e))?;
     // Only members of PROC_GID see every /proc/<pid> (see `mounts::PROC_GID`); aether is one,
@@ -148,18 +183,23 @@ fn close(fd: RawFd) {
     unsafe { libc::close(fd) };
 }
 
-/// Sets aether's `oom_score_adj` to -1000. Lowering it needs CAP_SYS_RESOURCE; a host that
-/// withholds it from the edge gets a warning and aether keeps the edge's score (it is tiny
-/// next to any memory hog, so the OOM killer still picks the hog).
+/// Sets aether's `oom_score_adj` to -1000. Lowering it needs CAP_SYS_RESOURCE; on a host that
+/// withholds it from the edge aether keeps the edge's score and commands raise theirs to 1000
+/// instead (aether may hold tens of MiB of captured output: next to a fork bomb's small
+/// processes it would be the largest, and the OOM killer's choice, at equal scores).
 fn protect_from_oom() -> Result<(), SetupError> {
-    match std::fs::write("/proc/self/oom_score_adj", "-1000") {
-        Ok(()) => Ok(()),
+    let protected = match std::fs::write("/proc/self/oom_score_adj", "-1000") {
+        Ok(()) => true,
         Err(e) if e.kind() == std::io::ErrorKind::PermissionDenied => {
-            eprintln!("dsec-aether: cannot lower oom_score_adj (no CAP_SYS_RESOURCE): {e}");
-            Ok(())
+            eprintln!(
+                "dsec-aether: cannot lower oom_score_adj (no CAP_SYS_RESOURCE): {e}; commands run with oom_score_adj 1000"
+            );
+            false
         }
-        Err(e) => Err(fail("set oom_score_adj", e)),
-    }
+        Err(e) => return Err(fail("set oom_score_adj", e)),
+    };
+    crate::sys::set_child_oom_score_adj(crate::sys::child_oom_score_adj(protected));
+    Ok(())
 }
 
 /// `dup2(old, new)`.
@@ -177,6 +217,23 @@ mod tests {
     use super::*;
     use std::os::unix::process::CommandExt;
     use std::process::Command;
+
+    #[test]
+    fn a_protected_path_missing_from_the_image_is_the_callers_mistake() {
+        let there = std::env::temp_dir().to_string_lossy().to_string();
+        assert!(check_protected_paths(&[there.clone(), "/".into()]).is_ok());
+        let missing = format!(
+            "{there}/dsec-aether-test-{}/no/such/dir",
+            std::process::id()
+        );
+        let e = check_protected_paths(&[there, missing.clone()]).unwrap_err();
+        assert!(e.caller_mistake);
+        assert!(
+            e.message.contains(&missing) && e.message.contains("does not exist in the image"),
+            "{e}"
+        );
+        assert!(!fail("mount", "EPERM").caller_mistake);
+    }
 
     /// Runs `sh -c script` under busybox with aether's capability set, no_new_privs and
     /// seccomp filter applied between fork and exec; returns (exit code, stdout+stderr).
