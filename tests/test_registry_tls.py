@@ -53,7 +53,8 @@ def tls_registry():
         pytest.skip(str(e))
     try:
         # The test pushes over TLS too, trusting only the test CA.
-        p = Pusher(reg.host, scheme="https", verify=ca)
+        import ssl
+        p = Pusher(reg.host, scheme="https", verify=ssl.create_default_context(cafile=ca))
         digest, _ = p.image("team/tls", "v1", [_tar(LAYER1), _tar(LAYER2)])
         yield reg, ca, digest
     finally:
