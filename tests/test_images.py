@@ -483,9 +483,10 @@ class TokenServer:
 
 class Registry:
     """docker-registry on a free loopback port with a config file in a temp dir (token auth
-    when a TokenServer is given). Stopped by PID."""
+    when a TokenServer is given; HTTPS when `tls` names a certificate and key file). Stopped
+    by PID."""
 
-    def __init__(self, tokens: Optional[TokenServer], tmp: str) -> None:
+    def __init__(self, tokens: Optional[TokenServer], tmp: str, tls: Optional[Tuple[str, str]] = None) -> None:
         from helpers import free_port
         self.tmp = tmp
         self.port = free_port()
@@ -495,6 +496,8 @@ class Registry:
             f"    rootdirectory: {self.storage}", "http:", f"  addr: 127.0.0.1:{self.port}",
             "  secret: dsec-test-secret",
         ]
+        if tls is not None:
+            cfg += ["  tls:", f"    certificate: {tls[0]}", f"    key: {tls[1]}"]
         if tokens is not None:
             cfg += ["auth:", "  token:", f"    realm: http://127.0.0.1:{tokens.port}/token",
                     "    service: dsec-registry", "    issuer: dsec-test-issuer",
@@ -538,10 +541,11 @@ class Pusher:
     """Just enough of the distribution v2 API to push blobs and manifests, with the same
     bearer-token dance a client does."""
 
-    def __init__(self, host: str, user: str = "", password: str = "") -> None:
+    def __init__(self, host: str, user: str = "", password: str = "", scheme: str = "http",
+                 verify: object = True) -> None:
         import httpx
-        self.base = f"http://{host}"
-        self.http = httpx.Client(timeout=60)
+        self.base = f"{scheme}://{host}"
+        self.http = httpx.Client(timeout=60, verify=verify)
         self.user, self.password = user, password
         self.auth: Optional[str] = None
 

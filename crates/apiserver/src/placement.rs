@@ -20,29 +20,7 @@ use serde::{Deserialize, Serialize};
 use crate::config::ConfigError;
 use crate::watcher::NodeView;
 
-/// How to choose among filtered nodes.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default, utoipa::ToSchema)]
-#[serde(rename_all = "snake_case")]
-pub enum Strategy {
-    #[default]
-    PowerOfK,
-    Random,
-    LeastLoaded,
-}
-
-impl std::str::FromStr for Strategy {
-    type Err = String;
-    fn from_str(s: &str) -> Result<Self, String> {
-        match s {
-            "power_of_k" | "power-of-k" | "pok" => Ok(Strategy::PowerOfK),
-            "random" => Ok(Strategy::Random),
-            "least_loaded" | "least-loaded" => Ok(Strategy::LeastLoaded),
-            _ => Err(format!(
-                "unknown placement strategy {s:?}: use power_of_k, random or least_loaded"
-            )),
-        }
-    }
-}
+pub use dsec_wire::admin::Strategy;
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]

@@ -6,6 +6,13 @@
 //! let r = c.run_shell(&sb.id, &RunShellRequest { cmd: "echo hi".into(), ..Default::default() }).await?;
 //! c.stop(&sb.id).await?;
 //! ```
+//!
+//! Every call of the HTTP API the CLI makes goes through this crate: sandboxes, commands,
+//! files, images, nodes, trajectory, TTY, function calls ([`functions`]) and the admin routes
+//! ([`admin`]). `https://` URLs use rustls with the system's root certificates.
+
+pub mod admin;
+pub mod functions;
 
 use std::path::Path;
 use std::pin::Pin;
@@ -72,6 +79,13 @@ pub type EventStream = Pin<Box<dyn Stream<Item = Result<StreamEvent>> + Send>>;
 /// The TTY WebSocket.
 pub type TtySocket =
     tokio_tungstenite::WebSocketStream<tokio_tungstenite::MaybeTlsStream<tokio::net::TcpStream>>;
+
+/// How the HTTP client is built.
+#[derive(Clone, Debug, Default)]
+pub struct ClientOptions {
+    /// Ignore `HTTP(S)_PROXY` variables (load generators talk to the apiserver directly).
+    pub no_proxy: bool,
+}
 
 /// A client of one apiserver.
 #[derive(Clone, Debug)]
@@ -189,6 +203,11 @@ where
 impl Client {
     /// A client of the apiserver at `url` using API key `key`.
     pub fn new(url: &str, key: &str) -> Result<Client> {
+        Client::with_options(url, key, &ClientOptions::default())
+    }
+
+    /// Like [`Client::new`], with [`ClientOptions`].
+    pub fn with_options(url: &str, key: &str, opts: &ClientOptions) -> Result<Client> {
         let mut base = Url::parse(url)
             .map_err(|e| ClientError::Config(format!("invalid API URL {url:?}: {e}")))?;
         if !matches!(base.scheme(), "http" | "https") {
@@ -200,8 +219,11 @@ impl Client {
             let p = format!("{}/", base.path());
             base.set_path(&p);
         }
-        let http = reqwest::Client::builder()
-            .tcp_nodelay(true)
+        let mut b = reqwest::Client::builder().tcp_nodelay(true);
+        if opts.no_proxy {
+            b = b.no_proxy();
+        }
+        let http = b
             .build()
             .map_err(|e| ClientError::Config(format!("build HTTP client: {e}")))?;
         Ok(Client {

@@ -10,6 +10,14 @@ use crate::Global;
 pub const DEFAULT_ENV_FILE: &str = "/var/lib/dsec/env";
 
 pub fn client(g: &Global) -> anyhow::Result<dsec_client::Client> {
+    client_with(g, &dsec_client::ClientOptions::default())
+}
+
+/// Like [`client`], with [`dsec_client::ClientOptions`].
+pub fn client_with(
+    g: &Global,
+    opts: &dsec_client::ClientOptions,
+) -> anyhow::Result<dsec_client::Client> {
     let (mut url, mut key) = (g.url.clone(), g.api_key.clone());
     if url.is_none() || key.is_none() {
         if let Ok(vars) = crate::envfile::read(Path::new(DEFAULT_ENV_FILE)) {
@@ -27,5 +35,5 @@ pub fn client(g: &Global) -> anyhow::Result<dsec_client::Client> {
             "no API key: set DSEC_API_KEY or pass --api-key (or run `dsec up`, which writes {DEFAULT_ENV_FILE})"
         ))
     })?;
-    dsec_client::Client::new(&url, &key).context("configure API client")
+    dsec_client::Client::with_options(&url, &key, opts).context("configure API client")
 }

@@ -366,7 +366,9 @@ pub async fn apiserver(a: ApiserverArgs) -> anyhow::Result<()> {
         }
     }
     if let Some(p) = &a.placement {
-        api.placement.strategy = p.parse().map_err(crate::UsageError)?;
+        api.placement.strategy = p
+            .parse()
+            .map_err(|e: dsec_wire::admin::UnknownStrategy| crate::UsageError(e.to_string()))?;
     }
     if let Some(k) = a.placement_k {
         api.placement.k = k;

@@ -58,6 +58,9 @@ pub struct EdgeConfig {
     /// Where layer data blobs live: `local` (`<data_dir>/edge/images/blobs`), `local:/dir`,
     /// or `posix:/mounted/dir` (a distributed file system; blocks are read on demand).
     pub image_blob_store: String,
+    /// PEM file of CA certificates every registry pull trusts (besides the system's roots and
+    /// a request's own `ca_pem`), for registries behind a private CA.
+    pub registry_ca_file: Option<PathBuf>,
     /// How long a sandbox's agent waits for a restarted edge to reattach after the edge died
     /// (milliseconds; 0: sandboxes die with the edge and are cleaned at the next start).
     pub reattach_grace_ms: u64,
@@ -114,6 +117,7 @@ impl Default for EdgeConfig {
             labels: BTreeMap::new(),
             trajectory: Default::default(),
             image_blob_store: "local".to_string(),
+            registry_ca_file: None,
             reattach_grace_ms: 60_000,
             reclaim_on_pause: true,
             ttl_check_ms: 500,
@@ -192,6 +196,16 @@ impl EdgeConfig {
                     "must be at least 16 printable ASCII characters without spaces",
                 ));
             }
+        }
+        if let Some(p) = &self.registry_ca_file {
+            let pem = std::fs::read_to_string(p).map_err(|e| {
+                bad(
+                    "registry_ca_file",
+                    format!("cannot read {}: {e}", p.display()),
+                )
+            })?;
+            dsec_image::registry::parse_ca_pem(&pem)
+                .map_err(|m| bad("registry_ca_file", format!("{}: {m}", p.display())))?;
         }
         if let Some(p) = &self.aether_path {
             if !p.is_absolute() {

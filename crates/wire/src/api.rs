@@ -591,6 +591,10 @@ pub enum ImageActionRequest {
         username: Option<String>,
         #[serde(default)]
         password: Option<String>,
+        /// PEM CA certificate(s) to trust for the registry's TLS, besides the system's roots
+        /// (the CLI's `--ca-file`).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        ca_pem: Option<String>,
     },
 }
 

@@ -5,8 +5,10 @@
 //! * [`aether`] — the framed protocol between an edge and the aether agent inside a sandbox.
 //!   It runs over any byte stream: an inherited unix socket for containers, virtio-serial or
 //!   vsock for VMs.
+//! * [`admin`] — the apiserver's admin routes: projects, quotas, keys, the cluster view.
 //! * [`id`] — sandbox ids, which encode the node that owns the sandbox.
 
+pub mod admin;
 pub mod aether;
 pub mod api;
 pub mod id;

@@ -379,10 +379,15 @@ class DSecClient(FunctionsMixin):
         username: Optional[str] = None,
         password: Optional[str] = None,
         timeout: float = 3600.0,
+        ca_pem: Optional[str] = None,
     ) -> ImageInfo:
-        """Pulls ``reference`` (``host[:port]/repo[:tag|@sha256:...]``) from an OCI registry
-        into the image ``name`` on the node (plain HTTP: loopback, or any host with ``insecure``)."""
+        """Pulls ``reference`` (``[https://|http://]host[:port]/repo[:tag|@sha256:...]``) from an
+        OCI registry into the image ``name`` on the node. Without a scheme a loopback registry
+        is reached over plain HTTP and any other over TLS (plain HTTP with ``insecure``).
+        ``ca_pem`` (PEM text) is trusted for the registry's TLS besides the system's roots."""
         body: Dict[str, Any] = {"action": "pull", "reference": reference, "insecure": insecure}
+        if ca_pem is not None:
+            body["ca_pem"] = ca_pem
         if username is not None:
             body["username"] = username
         if password is not None:

@@ -148,9 +148,10 @@ class DSecClient(SyncFunctionsMixin):
         return self._run(self._aclient.import_image(name, tar, timeout=timeout, format=format))
 
     def pull_image(self, name: str, reference: str, insecure: bool = False, username: Optional[str] = None,
-                   password: Optional[str] = None, timeout: float = 3600.0) -> ImageInfo:
+                   password: Optional[str] = None, timeout: float = 3600.0,
+                   ca_pem: Optional[str] = None) -> ImageInfo:
         return self._run(self._aclient.pull_image(name, reference, insecure=insecure, username=username,
-                                                  password=password, timeout=timeout))
+                                                  password=password, timeout=timeout, ca_pem=ca_pem))
 
     def fold_image(self, name: str, max_layer_bytes: Optional[int] = None, into: Optional[str] = None,
                    timeout: float = 3600.0) -> ImageInfo:

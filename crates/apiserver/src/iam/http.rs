@@ -3,7 +3,6 @@
 use axum::extract::{Path, State};
 use axum::response::{IntoResponse, Response};
 use axum::{Extension, Json};
-use serde::{Deserialize, Serialize};
 
 use super::{admin, CreateKeyRequest, CreateProjectRequest, Quota};
 use crate::db::Principal;
@@ -80,43 +79,10 @@ pub async fn revoke_key(
     require_admin(&p)?;
     admin::revoke_key(&st.db, &id).await?;
     st.verifier.forget_all();
-    Ok(Json(serde_json::json!({"revoked": id})).into_response())
+    Ok(Json(RevokedKey { revoked: id }).into_response())
 }
 
-/// One node in the cluster view.
-#[derive(Debug, Clone, Serialize, Deserialize, utoipa::ToSchema)]
-pub struct ClusterNode {
-    pub node: String,
-    pub url: String,
-    pub healthy: bool,
-    pub sandboxes: u64,
-    pub capacity: u64,
-    pub load: f64,
-    #[serde(default)]
-    pub labels: std::collections::BTreeMap<String, String>,
-    #[serde(default)]
-    pub last_error: Option<String>,
-    /// Milliseconds since the node last answered a poll.
-    #[serde(default)]
-    pub last_seen_ms_ago: Option<u64>,
-}
-
-/// `GET /v1/cluster`.
-#[derive(Debug, Clone, Serialize, Deserialize, utoipa::ToSchema)]
-pub struct ClusterView {
-    pub nodes: Vec<ClusterNode>,
-    pub sandboxes: u64,
-    pub capacity: u64,
-    pub healthy_nodes: u64,
-    pub primary_utilisation: f64,
-    pub overflow_threshold: f64,
-    pub placement: crate::placement::Strategy,
-    /// Counters of this apiserver replica since it started.
-    pub created_total: u64,
-    pub quota_refusals_total: u64,
-    pub placement_refusals_total: u64,
-    pub overflow_placements_total: u64,
-}
+pub use dsec_wire::admin::{ClusterNode, ClusterView, RevokedKey};
 
 pub async fn cluster(State(st): State<AppState>) -> Json<ClusterView> {
     let cfg = &st.config.placement;

@@ -16,81 +16,9 @@ pub mod admin;
 pub mod http;
 pub mod ledger;
 
-use serde::{Deserialize, Serialize};
-
-/// Limits of one project; `None` is unlimited.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
-#[serde(deny_unknown_fields)]
-pub struct Quota {
-    #[serde(default)]
-    pub max_sandboxes: Option<u64>,
-    #[serde(default)]
-    pub max_cpu_cores: Option<f64>,
-    #[serde(default)]
-    pub max_memory_mb: Option<u64>,
-    #[serde(default)]
-    pub max_creates_per_s: Option<u64>,
-}
-
-/// What a project (with its descendants) uses now.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
-pub struct Usage {
-    pub sandboxes: u64,
-    pub cpu_cores: f64,
-    pub memory_mb: u64,
-}
-
-/// A project as the admin API shows it.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
-pub struct ProjectView {
-    pub name: String,
-    pub parent: Option<String>,
-    pub quota: Quota,
-    pub usage: Usage,
-}
-
-/// `GET /v1/projects`.
-#[derive(Debug, Clone, Serialize, Deserialize, utoipa::ToSchema)]
-pub struct ProjectList {
-    pub projects: Vec<ProjectView>,
-}
-
-/// `POST /v1/projects`.
-#[derive(Debug, Clone, Serialize, Deserialize, utoipa::ToSchema)]
-#[serde(deny_unknown_fields)]
-pub struct CreateProjectRequest {
-    pub name: String,
-    /// Parent project (default `root`).
-    #[serde(default)]
-    pub parent: Option<String>,
-    #[serde(default)]
-    pub quota: Option<Quota>,
-}
-
-/// `POST /v1/keys`: a key for a (new or existing) principal.
-#[derive(Debug, Clone, Serialize, Deserialize, utoipa::ToSchema)]
-#[serde(deny_unknown_fields)]
-pub struct CreateKeyRequest {
-    /// Principal name; created when it does not exist.
-    pub principal: String,
-    /// Home project of a new principal (default `default`).
-    #[serde(default)]
-    pub project: Option<String>,
-    /// `user` (default) or `admin`.
-    #[serde(default)]
-    pub kind: Option<String>,
-}
-
-/// Answer of `POST /v1/keys`: the only time the plaintext key exists outside its holder.
-#[derive(Debug, Clone, Serialize, Deserialize, utoipa::ToSchema)]
-pub struct CreatedKey {
-    pub principal: String,
-    pub project: String,
-    pub kind: String,
-    /// Public id of the key (first 16 hex characters of its hash), for `revoke`.
-    pub key_id: String,
-    pub key: String,
-}
+pub use dsec_wire::admin::{
+    CreateKeyRequest, CreateProjectRequest, CreatedKey, ProjectList, ProjectView, Quota, Usage,
+};
 
 /// Why an IAM operation was refused.
 #[derive(Debug, thiserror::Error)]

@@ -1,90 +1,17 @@
-//! `dsec bench create-load`: an open-loop load generator for creates (and deletes), and the
-//! small JSON-over-HTTP helper the admin commands share.
+//! `dsec bench create-load`: an open-loop load generator for creates (and deletes).
 
 use std::collections::{BTreeMap, HashSet};
-use std::path::Path;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context};
 use clap::{Args, Subcommand};
+use dsec_client::{Client, ClientError};
+use dsec_wire::api::CreateSandboxRequest;
 use serde::Serialize;
 
 use crate::Global;
-
-/// URL, key and an HTTP client for the admin routes.
-pub struct Api {
-    pub http: reqwest::Client,
-    pub url: String,
-    pub key: String,
-}
-
-impl Api {
-    pub fn from_global(g: &Global) -> anyhow::Result<Api> {
-        let (mut url, mut key) = (g.url.clone(), g.api_key.clone());
-        if url.is_none() || key.is_none() {
-            if let Ok(vars) = crate::envfile::read(Path::new(crate::connect::DEFAULT_ENV_FILE)) {
-                url = url.or_else(|| vars.get(dsec_client::ENV_URL).cloned());
-                key = key.or_else(|| vars.get(dsec_client::ENV_KEY).cloned());
-            }
-        }
-        let url = url.ok_or_else(|| {
-            crate::UsageError("no API URL: set DSEC_API_URL or pass --url".into())
-        })?;
-        let key = key.ok_or_else(|| {
-            crate::UsageError("no API key: set DSEC_API_KEY or pass --api-key".into())
-        })?;
-        let http = reqwest::Client::builder()
-            .no_proxy()
-            .tcp_nodelay(true)
-            .pool_max_idle_per_host(1024)
-            .build()
-            .context("build HTTP client")?;
-        Ok(Api {
-            http,
-            url: url.trim_end_matches('/').to_string(),
-            key,
-        })
-    }
-
-    /// Sends `method path` with an optional JSON body; returns the JSON answer or the API's
-    /// error message.
-    pub async fn call(
-        &self,
-        method: reqwest::Method,
-        path: &str,
-        body: Option<&serde_json::Value>,
-    ) -> anyhow::Result<serde_json::Value> {
-        let mut req = self
-            .http
-            .request(method.clone(), format!("{}{path}", self.url))
-            .bearer_auth(&self.key);
-        if let Some(b) = body {
-            req = req.json(b);
-        }
-        let resp = req
-            .send()
-            .await
-            .with_context(|| format!("{method} {path}"))?;
-        let status = resp.status();
-        let text = resp
-            .text()
-            .await
-            .with_context(|| format!("{method} {path}: read answer"))?;
-        let v: serde_json::Value =
-            serde_json::from_str(&text).unwrap_or(serde_json::Value::String(text));
-        if !status.is_success() {
-            let msg = v["error"]["message"]
-                .as_str()
-                .map(str::to_string)
-                .unwrap_or_else(|| v.to_string());
-            let code = v["error"]["code"].as_str().unwrap_or("");
-            bail!("{status} {code}: {msg}");
-        }
-        Ok(v)
-    }
-}
 
 #[derive(Subcommand, Debug)]
 pub enum BenchCommand {
@@ -160,12 +87,6 @@ fn pct(sorted: &[f64], p: f64) -> f64 {
     sorted[i.min(sorted.len() - 1)]
 }
 
-/// The part of a create's answer the load generator needs.
-#[derive(serde::Deserialize)]
-struct Created {
-    id: String,
-}
-
 struct Shared {
     lat_ms: Mutex<Vec<f64>>,
     ids: Mutex<Vec<String>>,
@@ -174,20 +95,27 @@ struct Shared {
 }
 
 pub async fn bench(g: &Global, c: BenchCommand) -> anyhow::Result<()> {
+    // A load generator talks to the apiserver directly, whatever proxy the shell names.
+    let opts = dsec_client::ClientOptions { no_proxy: true };
     match c {
-        BenchCommand::CreateLoad(a) => create_load(&Api::from_global(g)?, a).await,
+        BenchCommand::CreateLoad(a) => create_load(crate::connect::client_with(g, &opts)?, a).await,
     }
 }
 
-async fn create_load(api: &Api, a: CreateLoadArgs) -> anyhow::Result<()> {
+/// The refusal bucket of a failed call: the API's error code, or what went wrong locally.
+fn refusal(e: &ClientError) -> String {
+    match e {
+        ClientError::Api { code, .. } => code.clone(),
+        ClientError::Transport { .. } => "transport".into(),
+        _ => "bad_answer".into(),
+    }
+}
+
+async fn create_load(client: Client, a: CreateLoadArgs) -> anyhow::Result<()> {
     if a.concurrency == 0 {
         bail!(crate::UsageError("--concurrency must be >= 1".into()));
     }
-    let api = Arc::new(Api {
-        http: api.http.clone(),
-        url: api.url.clone(),
-        key: api.key.clone(),
-    });
+    let client = Arc::new(client);
     let shared = Arc::new(Shared {
         lat_ms: Mutex::new(Vec::with_capacity(a.total as usize)),
         ids: Mutex::new(Vec::with_capacity(a.total as usize)),
@@ -195,22 +123,15 @@ async fn create_load(api: &Api, a: CreateLoadArgs) -> anyhow::Result<()> {
         deleted: AtomicU64::new(0),
     });
     let sem = Arc::new(tokio::sync::Semaphore::new(a.concurrency));
-    let labels: BTreeMap<String, String> = a.labels.iter().cloned().collect();
-    let mut base = serde_json::json!({"image": a.image, "labels": labels});
-    if let Some(m) = a.memory_mb {
-        base["memory_limit_mb"] = m.into();
-    }
-    if let Some(c) = a.cpus {
-        base["cpu_cores_limit"] = c.into();
-    }
-    if let Some(p) = &a.project {
-        base["project"] = p.clone().into();
-    }
-    if a.overflow_eligible {
-        base["overflow_eligible"] = true.into();
-    }
-    let base_bytes = bytes::Bytes::from(serde_json::to_vec(&base).context("encode create body")?);
-    let create_url = format!("{}/v1/sandboxes", api.url);
+    let base = Arc::new(CreateSandboxRequest {
+        image: a.image.clone(),
+        labels: a.labels.iter().cloned().collect(),
+        memory_limit_mb: a.memory_mb,
+        cpu_cores_limit: a.cpus,
+        project: a.project.clone(),
+        overflow_eligible: a.overflow_eligible.then_some(true),
+        ..Default::default()
+    });
     let started = Instant::now();
     let mut tasks = tokio::task::JoinSet::new();
     for i in 0..a.total {
@@ -226,74 +147,38 @@ async fn create_load(api: &Api, a: CreateLoadArgs) -> anyhow::Result<()> {
             .acquire_owned()
             .await
             .context("semaphore closed")?;
-        // The same body for every create unless each carries its own idempotency key.
-        let body = match &a.idempotency_prefix {
-            Some(p) => {
-                let mut b = base.clone();
-                b["idempotency_key"] = format!("{p}-{i}").into();
-                bytes::Bytes::from(serde_json::to_vec(&b).context("encode create body")?)
-            }
-            None => base_bytes.clone(),
-        };
-        let (api, shared, delete, create_url) =
-            (api.clone(), shared.clone(), a.delete, create_url.clone());
+        let idempotency_key = a.idempotency_prefix.as_ref().map(|p| format!("{p}-{i}"));
+        let (client, shared, delete, base) =
+            (client.clone(), shared.clone(), a.delete, base.clone());
         tasks.spawn(async move {
             let _permit = permit;
             let t = Instant::now();
-            let r = api
-                .http
-                .post(create_url)
-                .bearer_auth(&api.key)
-                .header(reqwest::header::CONTENT_TYPE, "application/json")
-                .body(body)
-                .send()
-                .await;
-            let code = match r {
-                Ok(resp) => {
-                    let ok = resp.status().is_success();
-                    // Only the id of a created sandbox is needed: no full JSON tree per answer.
-                    let parsed = resp.bytes().await.ok().and_then(|b| {
-                        if ok {
-                            serde_json::from_slice::<Created>(&b).ok().map(Ok)
-                        } else {
-                            serde_json::from_slice::<serde_json::Value>(&b)
-                                .ok()
-                                .map(Err)
-                        }
-                    });
-                    match parsed {
-                        Some(Ok(Created { id })) => {
-                            let ms = t.elapsed().as_secs_f64() * 1e3;
-                            if let Ok(mut l) = shared.lat_ms.lock() {
-                                l.push(ms);
-                            }
-                            if delete && !id.is_empty() {
-                                let d = api
-                                    .http
-                                    .delete(format!("{}/v1/sandboxes/{id}", api.url))
-                                    .bearer_auth(&api.key)
-                                    .send()
-                                    .await;
-                                if d.is_ok_and(|d| d.status().is_success()) {
-                                    shared.deleted.fetch_add(1, Ordering::Relaxed);
-                                }
-                            }
-                            if let Ok(mut ids) = shared.ids.lock() {
-                                ids.push(id);
-                            }
-                            None
-                        }
-                        Some(Err(v)) => {
-                            Some(v["error"]["code"].as_str().unwrap_or("unknown").to_string())
-                        }
-                        None => Some("bad_answer".to_string()),
+            // The shared body unless each create carries its own idempotency key.
+            let r = match idempotency_key {
+                Some(k) => {
+                    let mut req = (*base).clone();
+                    req.idempotency_key = Some(k);
+                    client.create(&req).await
+                }
+                None => client.create(&base).await,
+            };
+            match r {
+                Ok(sb) => {
+                    let ms = t.elapsed().as_secs_f64() * 1e3;
+                    if let Ok(mut l) = shared.lat_ms.lock() {
+                        l.push(ms);
+                    }
+                    if delete && !sb.id.is_empty() && client.stop(&sb.id).await.is_ok() {
+                        shared.deleted.fetch_add(1, Ordering::Relaxed);
+                    }
+                    if let Ok(mut ids) = shared.ids.lock() {
+                        ids.push(sb.id);
                     }
                 }
-                Err(_) => Some("transport".to_string()),
-            };
-            if let Some(code) = code {
-                if let Ok(mut m) = shared.refused.lock() {
-                    *m.entry(code).or_default() += 1;
+                Err(e) => {
+                    if let Ok(mut m) = shared.refused.lock() {
+                        *m.entry(refusal(&e)).or_default() += 1;
+                    }
                 }
             }
         });

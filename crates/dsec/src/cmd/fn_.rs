@@ -4,9 +4,8 @@ use std::path::{Path, PathBuf};
 
 use anyhow::Context;
 use clap::{Args, Subcommand};
-use dsec_wire::api::{FunctionCallRequest, FunctionCallResult, FunctionPoolList, FunctionStatus};
-
-use crate::Global;
+use dsec_client::Client;
+use dsec_wire::api::{FunctionCallRequest, FunctionStatus};
 
 #[derive(Subcommand, Debug)]
 pub enum FnCommand {
@@ -60,58 +59,10 @@ fn read(p: &Path) -> anyhow::Result<String> {
     std::fs::read_to_string(p).with_context(|| format!("read {}", p.display()))
 }
 
-/// The API URL and key, as `connect::client` finds them.
-fn endpoint(g: &Global) -> anyhow::Result<(String, String)> {
-    let (mut url, mut key) = (g.url.clone(), g.api_key.clone());
-    if url.is_none() || key.is_none() {
-        if let Ok(vars) = crate::envfile::read(Path::new(crate::connect::DEFAULT_ENV_FILE)) {
-            url = url.or_else(|| vars.get(dsec_client::ENV_URL).cloned());
-            key = key.or_else(|| vars.get(dsec_client::ENV_KEY).cloned());
-        }
-    }
-    match (url, key) {
-        (Some(u), Some(k)) => Ok((u.trim_end_matches('/').to_string(), k)),
-        _ => Err(crate::UsageError(
-            "no API URL or key: set DSEC_API_URL and DSEC_API_KEY (or run `dsec up`)".into(),
-        )
-        .into()),
-    }
-}
-
-async fn send(
-    g: &Global,
-    method: reqwest::Method,
-    path: &str,
-    body: Option<&FunctionCallRequest>,
-) -> anyhow::Result<bytes::Bytes> {
-    let (url, key) = endpoint(g)?;
-    let http = reqwest::Client::new();
-    let mut req = http
-        .request(method, format!("{url}{path}"))
-        .bearer_auth(key);
-    if let Some(b) = body {
-        req = req.json(b);
-    }
-    let resp = req
-        .send()
-        .await
-        .with_context(|| format!("call {url}{path}"))?;
-    let status = resp.status();
-    let bytes = resp.bytes().await.context("read the answer")?;
-    if !status.is_success() {
-        let msg = serde_json::from_slice::<dsec_wire::api::ErrorBody>(&bytes)
-            .map(|e| format!("{}: {}", e.error.code, e.error.message))
-            .unwrap_or_else(|_| String::from_utf8_lossy(&bytes).into_owned());
-        anyhow::bail!("{path}: {status}: {msg}");
-    }
-    Ok(bytes)
-}
-
-pub async fn run(g: &Global, c: FnCommand) -> anyhow::Result<()> {
-    match c {
+pub async fn run(c: &Client, cmd: FnCommand) -> anyhow::Result<()> {
+    match cmd {
         FnCommand::Pools => {
-            let b = send(g, reqwest::Method::GET, "/v1/functions/pools", None).await?;
-            let l: FunctionPoolList = serde_json::from_slice(&b).context("parse pools")?;
+            let l = c.function_pools().await.context("list function pools")?;
             super::print_json(&l)
         }
         FnCommand::Run(a) => {
@@ -128,8 +79,10 @@ pub async fn run(g: &Global, c: FnCommand) -> anyhow::Result<()> {
                 image: a.image.clone(),
                 ..Default::default()
             };
-            let b = send(g, reqwest::Method::POST, "/v1/functions/call", Some(&req)).await?;
-            let r: FunctionCallResult = serde_json::from_slice(&b).context("parse result")?;
+            let r = c
+                .function_call(&req)
+                .await
+                .with_context(|| format!("run {} on a {} worker", a.file.display(), a.lang))?;
             if a.json {
                 super::print_json(&r)?;
             } else {

@@ -53,9 +53,15 @@ pub struct PullArgs {
     /// Local image name (default: the reference's REPO:TAG).
     #[arg(long)]
     pub name: Option<String>,
-    /// Plain HTTP to a registry that is not on loopback (this build has no TLS).
+    /// Plain HTTP to a registry that is not on loopback. Without it (and without an
+    /// `http://` prefix) such a registry is reached over TLS; `https://HOST/...` forces TLS
+    /// for a loopback registry too.
     #[arg(long)]
     pub insecure: bool,
+    /// PEM file of CA certificate(s) to trust for the registry's TLS, besides the system's
+    /// roots (for a registry behind a private CA).
+    #[arg(long)]
+    pub ca_file: Option<PathBuf>,
     /// Registry user (the password is read from DSEC_REGISTRY_PASSWORD).
     #[arg(long)]
     pub username: Option<String>,
@@ -88,7 +94,10 @@ fn parse_size(s: &str) -> Result<u64, String> {
 
 /// `REPO:TAG` of a registry reference (`host/team/app:v1` → `team/app:v1`).
 fn local_name(reference: &str) -> String {
-    let r = reference.strip_prefix("http://").unwrap_or(reference);
+    let r = reference
+        .strip_prefix("https://")
+        .or_else(|| reference.strip_prefix("http://"))
+        .unwrap_or(reference);
     let rest = r.split_once('/').map(|(_, p)| p).unwrap_or(r);
     match rest.split_once('@') {
         Some((repo, _)) => repo.to_string(),
@@ -161,11 +170,23 @@ async fn pull(c: &Client, a: PullArgs) -> anyhow::Result<()> {
     use dsec_wire::api::ImageActionEvent as E;
     let name = a.name.clone().unwrap_or_else(|| local_name(&a.reference));
     let password = std::env::var("DSEC_REGISTRY_PASSWORD").ok();
+    let ca_pem = match &a.ca_file {
+        Some(p) => {
+            let pem = std::fs::read_to_string(p).map_err(|e| {
+                crate::UsageError(format!("--ca-file {}: cannot read it: {e}", p.display()))
+            })?;
+            dsec_image::registry::parse_ca_pem(&pem)
+                .map_err(|m| crate::UsageError(format!("--ca-file {}: {m}", p.display())))?;
+            Some(pem)
+        }
+        None => None,
+    };
     let req = dsec_wire::api::ImageActionRequest::Pull {
         reference: a.reference.clone(),
         insecure: a.insecure,
         username: a.username.clone(),
         password,
+        ca_pem,
     };
     let tty = std::io::stderr().is_terminal();
     let started = Instant::now();

@@ -1,10 +1,9 @@
 //! `dsec key create|revoke` (admin).
 
+use anyhow::Context;
 use clap::Subcommand;
-use reqwest::Method;
-use serde_json::json;
-
-use super::bench::Api;
+use dsec_client::Client;
+use dsec_wire::admin::CreateKeyRequest;
 
 #[derive(Subcommand, Debug)]
 pub enum KeyCommand {
@@ -25,33 +24,36 @@ pub enum KeyCommand {
     Revoke { key_id: String },
 }
 
-pub async fn key(api: &Api, c: KeyCommand) -> anyhow::Result<()> {
-    match c {
+pub async fn key(c: &Client, cmd: KeyCommand) -> anyhow::Result<()> {
+    match cmd {
         KeyCommand::Create {
             principal,
             project,
             kind,
             quiet,
         } => {
-            let v = api
-                .call(
-                    Method::POST,
-                    "/v1/keys",
-                    Some(&json!({"principal": principal, "project": project, "kind": kind})),
-                )
-                .await?;
+            let req = CreateKeyRequest {
+                principal: principal.clone(),
+                project,
+                kind,
+            };
+            let k = c
+                .create_key(&req)
+                .await
+                .with_context(|| format!("create a key for {principal}"))?;
             if quiet {
-                println!("{}", v["key"].as_str().unwrap_or(""));
+                println!("{}", k.key);
                 Ok(())
             } else {
-                super::print_json(&v)
+                super::print_json(&k)
             }
         }
         KeyCommand::Revoke { key_id } => {
-            let v = api
-                .call(Method::DELETE, &format!("/v1/keys/{key_id}"), None)
-                .await?;
-            super::print_json(&v)
+            let r = c
+                .revoke_key(&key_id)
+                .await
+                .with_context(|| format!("revoke key {key_id}"))?;
+            super::print_json(&r)
         }
     }
 }

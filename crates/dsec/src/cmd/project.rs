@@ -1,10 +1,9 @@
 //! `dsec project create|ls|set-quota` (admin).
 
+use anyhow::Context;
 use clap::{Args, Subcommand};
-use reqwest::Method;
-use serde_json::json;
-
-use super::bench::Api;
+use dsec_client::Client;
+use dsec_wire::admin::{CreateProjectRequest, Quota};
 
 #[derive(Args, Debug, Clone)]
 pub struct QuotaArgs {
@@ -23,13 +22,13 @@ pub struct QuotaArgs {
 }
 
 impl QuotaArgs {
-    fn json(&self) -> serde_json::Value {
-        json!({
-            "max_sandboxes": self.max_sandboxes,
-            "max_cpu_cores": self.max_cpus,
-            "max_memory_mb": self.max_memory_mb,
-            "max_creates_per_s": self.max_creates_per_s,
-        })
+    fn quota(&self) -> Quota {
+        Quota {
+            max_sandboxes: self.max_sandboxes,
+            max_cpu_cores: self.max_cpus,
+            max_memory_mb: self.max_memory_mb,
+            max_creates_per_s: self.max_creates_per_s,
+        }
     }
 }
 
@@ -56,59 +55,57 @@ pub enum ProjectCommand {
     },
 }
 
-fn lim(v: &serde_json::Value) -> String {
-    if v.is_null() {
-        "-".into()
-    } else {
-        v.to_string()
-    }
+/// A number as JSON prints it (`2.0` for a float), `-` for unlimited.
+fn lim<T: Into<serde_json::Value>>(v: Option<T>) -> String {
+    v.map_or_else(|| "-".into(), |v| v.into().to_string())
 }
 
-pub async fn project(api: &Api, c: ProjectCommand) -> anyhow::Result<()> {
-    match c {
+fn num<T: Into<serde_json::Value>>(v: T) -> String {
+    v.into().to_string()
+}
+
+pub async fn project(c: &Client, cmd: ProjectCommand) -> anyhow::Result<()> {
+    match cmd {
         ProjectCommand::Create {
             name,
             parent,
             quota,
         } => {
-            let v = api
-                .call(
-                    Method::POST,
-                    "/v1/projects",
-                    Some(&json!({"name": name, "parent": parent, "quota": quota.json()})),
-                )
-                .await?;
+            let req = CreateProjectRequest {
+                name: name.clone(),
+                parent,
+                quota: Some(quota.quota()),
+            };
+            let v = c
+                .create_project(&req)
+                .await
+                .with_context(|| format!("create project {name}"))?;
             super::print_json(&v)
         }
         ProjectCommand::SetQuota { name, quota } => {
-            let v = api
-                .call(
-                    Method::PUT,
-                    &format!("/v1/projects/{name}/quota"),
-                    Some(&quota.json()),
-                )
-                .await?;
+            let v = c
+                .set_quota(&name, &quota.quota())
+                .await
+                .with_context(|| format!("set the quota of project {name}"))?;
             super::print_json(&v)
         }
         ProjectCommand::Ls { json } => {
-            let v = api.call(Method::GET, "/v1/projects", None).await?;
+            let l = c.projects().await.context("list projects")?;
             if json {
-                return super::print_json(&v);
+                return super::print_json(&l);
             }
-            let empty = vec![];
-            let rows: Vec<Vec<String>> = v["projects"]
-                .as_array()
-                .unwrap_or(&empty)
+            let rows: Vec<Vec<String>> = l
+                .projects
                 .iter()
                 .map(|p| {
-                    let (q, u) = (&p["quota"], &p["usage"]);
+                    let (q, u) = (&p.quota, &p.usage);
                     vec![
-                        p["name"].as_str().unwrap_or("").to_string(),
-                        p["parent"].as_str().unwrap_or("-").to_string(),
-                        format!("{}/{}", u["sandboxes"], lim(&q["max_sandboxes"])),
-                        format!("{}/{}", u["cpu_cores"], lim(&q["max_cpu_cores"])),
-                        format!("{}/{}", u["memory_mb"], lim(&q["max_memory_mb"])),
-                        lim(&q["max_creates_per_s"]),
+                        p.name.clone(),
+                        p.parent.clone().unwrap_or_else(|| "-".into()),
+                        format!("{}/{}", num(u.sandboxes), lim(q.max_sandboxes)),
+                        format!("{}/{}", num(u.cpu_cores), lim(q.max_cpu_cores)),
+                        format!("{}/{}", num(u.memory_mb), lim(q.max_memory_mb)),
+                        lim(q.max_creates_per_s),
                     ]
                 })
                 .collect();
@@ -128,5 +125,18 @@ pub async fn project(api: &Api, c: ProjectCommand) -> anyhow::Result<()> {
             );
             Ok(())
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn limits_print_as_before() {
+        assert_eq!(lim::<u64>(None), "-");
+        assert_eq!(lim(Some(3u64)), "3");
+        assert_eq!(lim(Some(2.0f64)), "2.0");
+        assert_eq!(num(0.5f64), "0.5");
     }
 }

@@ -2,10 +2,9 @@
 
 use std::time::{Duration, Instant};
 
+use anyhow::Context;
 use clap::Args;
-use reqwest::Method;
-
-use super::bench::Api;
+use dsec_client::Client;
 
 #[derive(Args, Debug)]
 pub struct TopArgs {
@@ -20,43 +19,39 @@ pub struct TopArgs {
     pub json: bool,
 }
 
-pub async fn top(api: &Api, a: TopArgs) -> anyhow::Result<()> {
+/// The wire name of a placement strategy (`power_of_k`, ...).
+fn strategy_name(s: dsec_wire::admin::Strategy) -> String {
+    serde_json::to_value(s)
+        .ok()
+        .and_then(|v| v.as_str().map(str::to_string))
+        .unwrap_or_else(|| "?".into())
+}
+
+pub async fn top(c: &Client, a: TopArgs) -> anyhow::Result<()> {
     let mut prev: Option<(u64, Instant)> = None;
     loop {
-        let v = api.call(Method::GET, "/v1/cluster", None).await?;
+        let v = c.cluster().await.context("read the cluster view")?;
         if a.once && a.json {
             return super::print_json(&v);
         }
-        let created = v["created_total"].as_u64().unwrap_or(0);
+        let created = v.created_total;
         let rate = match prev {
             Some((c, t)) => created.saturating_sub(c) as f64 / t.elapsed().as_secs_f64().max(1e-3),
             None => 0.0,
         };
         prev = Some((created, Instant::now()));
-        let empty = vec![];
-        let nodes = v["nodes"].as_array().unwrap_or(&empty);
-        let rows: Vec<Vec<String>> = nodes
+        let rows: Vec<Vec<String>> = v
+            .nodes
             .iter()
             .map(|n| {
-                let mut labels: Vec<String> = n["labels"]
-                    .as_object()
-                    .map(|m| {
-                        m.iter()
-                            .map(|(k, v)| format!("{k}={}", v.as_str().unwrap_or("")))
-                            .collect()
-                    })
-                    .unwrap_or_default();
+                let mut labels: Vec<String> =
+                    n.labels.iter().map(|(k, v)| format!("{k}={v}")).collect();
                 labels.sort();
                 vec![
-                    n["node"].as_str().unwrap_or("?").to_string(),
-                    if n["healthy"].as_bool() == Some(true) {
-                        "healthy"
-                    } else {
-                        "UNHEALTHY"
-                    }
-                    .into(),
-                    format!("{}/{}", n["sandboxes"], n["capacity"]),
-                    format!("{:.0}%", n["load"].as_f64().unwrap_or(0.0) * 100.0),
+                    n.node.clone(),
+                    if n.healthy { "healthy" } else { "UNHEALTHY" }.into(),
+                    format!("{}/{}", n.sandboxes, n.capacity),
+                    format!("{:.0}%", n.load * 100.0),
                     labels.join(","),
                 ]
             })
@@ -66,17 +61,17 @@ pub async fn top(api: &Api, a: TopArgs) -> anyhow::Result<()> {
         }
         println!(
             "sandboxes {}  capacity {}  healthy nodes {}/{}  primary pool {:.0}% (overflow above {:.0}%)  placement {}",
-            v["sandboxes"],
-            v["capacity"],
-            v["healthy_nodes"],
-            nodes.len(),
-            v["primary_utilisation"].as_f64().unwrap_or(0.0) * 100.0,
-            v["overflow_threshold"].as_f64().unwrap_or(0.0) * 100.0,
-            v["placement"].as_str().unwrap_or("?"),
+            v.sandboxes,
+            v.capacity,
+            v.healthy_nodes,
+            v.nodes.len(),
+            v.primary_utilisation * 100.0,
+            v.overflow_threshold * 100.0,
+            strategy_name(v.placement),
         );
         println!(
             "this apiserver: {created} created ({rate:.0}/s), {} quota refusals, {} no-room refusals, {} to overflow",
-            v["quota_refusals_total"], v["placement_refusals_total"], v["overflow_placements_total"],
+            v.quota_refusals_total, v.placement_refusals_total, v.overflow_placements_total,
         );
         print!(
             "{}",

@@ -76,8 +76,9 @@ pub async fn action(
         .and_then(|v| v.to_str().ok())
         .is_some_and(|v| v.contains("application/x-ndjson"));
     let store = s.mgr.image_store().clone();
+    let ca_file = s.mgr.config().registry_ca_file.clone();
     if !streaming {
-        let info = run_action(&store, &name, req, &|_| {}).await?;
+        let info = run_action(&store, ca_file.as_deref(), &name, req, &|_| {}).await?;
         return Ok((StatusCode::CREATED, Json(info)).into_response());
     }
     let (tx, rx) = tokio::sync::mpsc::unbounded_channel::<ImageActionEvent>();
@@ -86,7 +87,7 @@ pub async fn action(
         let progress = move |p: dsec_image::PullProgress| {
             let _ = progress_tx.send(event_of(p));
         };
-        let last = match run_action(&store, &name, req, &progress).await {
+        let last = match run_action(&store, ca_file.as_deref(), &name, req, &progress).await {
             Ok(image) => ImageActionEvent::Done { image },
             Err(e) => {
                 tracing::warn!(image = %name, error = %e, "image action failed");
@@ -111,6 +112,7 @@ pub async fn action(
 
 async fn run_action(
     store: &dsec_image::ImageStore,
+    ca_file: Option<&std::path::Path>,
     name: &str,
     req: ImageActionRequest,
     progress: &dsec_image::registry::ProgressFn,
@@ -121,11 +123,25 @@ async fn run_action(
             insecure,
             username,
             password,
+            ca_pem,
         } => {
+            let mut pems = Vec::new();
+            if let Some(f) = ca_file {
+                // Checked at start-up; read again so a rotated CA file needs no restart.
+                let pem = tokio::fs::read_to_string(f).await.map_err(|e| {
+                    EdgeError::internal(
+                        "read registry_ca_file",
+                        &std::io::Error::new(e.kind(), format!("{}: {e}", f.display())),
+                    )
+                })?;
+                pems.push(pem);
+            }
+            pems.extend(ca_pem);
             let opts = dsec_image::PullOptions {
                 insecure,
                 username,
                 password,
+                ca_pem: pems,
             };
             store
                 .pull(name, &reference, &opts, progress)
