@@ -74,11 +74,11 @@ pub struct EdgeConfig {
     pub disk_bps_limit_mb: u64,
     /// `[edge.functions]`: the pre-warmed function-call pools (see [`crate::function`]).
     pub functions: crate::function::FunctionConfig,
-    /// `[edge.qos]`: default QoS class, overcommit floor (see [`crate::qos`]).
-    pub qos: crate::qos::QosConfig,
+    /// `[edge.qos]`: default QoS class, overcommit floor (see [`dsec_node::qos`]).
+    pub qos: dsec_node::qos::QosConfig,
     /// `[edge.reclaim]`: zram swap tier, cold-memory reclaim, node memory pressure (see
-    /// [`crate::reclaim`]).
-    pub reclaim: crate::reclaim::ReclaimConfig,
+    /// [`dsec_node::reclaim`]).
+    pub reclaim: dsec_node::reclaim::ReclaimConfig,
 }
 
 impl Default for EdgeConfig {
@@ -151,9 +151,10 @@ impl EdgeConfig {
     pub fn validate(&self) -> Result<(), ConfigError> {
         self.network.validate()?;
         self.functions.validate().map_err(|m| bad("functions", m))?;
-        self.reclaim.validate().map_err(|m| bad("reclaim", m))?;
-        if let Err((key, message)) = self.qos.validate() {
-            return Err(bad(key, message));
+        for checked in [self.reclaim.validate(), self.qos.validate()] {
+            if let Err(e) = checked {
+                return Err(bad(e.key, e.message));
+            }
         }
         if !is_valid_node_id(&self.node_id) {
             return Err(bad(
@@ -303,6 +304,16 @@ impl EdgeConfig {
         self.advertise_url
             .clone()
             .unwrap_or_else(|| format!("http://{}", self.listen))
+    }
+
+    /// The node's size and overcommit ratios, as admission needs them.
+    pub fn capacity(&self) -> dsec_node::qos::Capacity {
+        dsec_node::qos::Capacity {
+            memory_mb: self.memory_total_mb(),
+            cpu: self.cpu_total(),
+            memory_overcommit: self.memory_overcommit,
+            cpu_overcommit: self.cpu_overcommit,
+        }
     }
 
     /// Cores offered: configured, or the machine's online CPUs.
