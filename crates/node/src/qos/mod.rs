@@ -453,4 +453,36 @@ mod tests {
         );
         q.release("nope");
     }
+
+    #[test]
+    fn sample_measures_through_the_views_cgroup() {
+        use dsec_runtime::cgroup::{Cgroup, CgroupRoot, Limits};
+        let d = tempfile::tempdir().unwrap();
+        std::fs::write(d.path().join("cgroup.controllers"), "cpu memory\n").unwrap();
+        let root = CgroupRoot::detect_at(d.path());
+        let cg = Cgroup::create(&root, "dsec/n0", "sb-1", &Limits::default()).unwrap();
+        std::fs::write(cg.path().join("memory.current"), "20971520\n").unwrap();
+        std::fs::write(
+            cg.path().join("memory.stat"),
+            "anon 1\ninactive_file 10485760\n",
+        )
+        .unwrap();
+        std::fs::write(cg.path().join("cpu.stat"), "usage_usec 1000\n").unwrap();
+        let q = Qos::with_caps(&QosConfig::default(), Caps::default());
+        q.adopt("sb-1", QosClass::BestEffort, 1024, 1.0);
+        let snap = SandboxSnapshot {
+            id: "sb-1".into(),
+            state: dsec_wire::api::SandboxState::Running,
+            qos: QosClass::BestEffort,
+            last_request_ms: 0,
+            busy: false,
+            cgroup: Some(cg),
+        };
+        q.sample(std::slice::from_ref(&snap));
+        // The working set (20 MiB charged, 10 MiB of it inactive page cache), not the request.
+        assert_eq!(q.snapshot().used.memory_mb, 10.0);
+        // A sandbox the view no longer lists counts by its request.
+        q.sample(&[]);
+        assert_eq!(q.snapshot().used.memory_mb, 1024.0);
+    }
 }
