@@ -77,11 +77,11 @@ pub struct EdgeConfig {
     pub disk_bps_limit_mb: u64,
     /// `[edge.functions]`: the pre-warmed function-call pools (see [`dsec_functions`]).
     pub functions: dsec_functions::FunctionConfig,
-    /// `[edge.qos]`: default QoS class, overcommit floor (see [`crate::qos`]).
-    pub qos: crate::qos::QosConfig,
+    /// `[edge.qos]`: default QoS class, overcommit floor (see [`dsec_node::qos`]).
+    pub qos: dsec_node::qos::QosConfig,
     /// `[edge.reclaim]`: zram swap tier, cold-memory reclaim, node memory pressure (see
-    /// [`crate::reclaim`]).
-    pub reclaim: crate::reclaim::ReclaimConfig,
+    /// [`dsec_node::reclaim`]).
+    pub reclaim: dsec_node::reclaim::ReclaimConfig,
     /// `[edge.microvm]`: how microVMs run QEMU (see [`crate::vm_config`]).
     pub microvm: crate::vm_config::MicroVmSection,
     /// `[edge.vm]`: how full VMs run QEMU (see [`crate::vm_config`]).
@@ -172,9 +172,10 @@ impl EdgeConfig {
     pub fn validate(&self) -> Result<(), ConfigError> {
         self.network.validate()?;
         self.functions.validate().map_err(|m| bad("functions", m))?;
-        self.reclaim.validate().map_err(|m| bad("reclaim", m))?;
-        if let Err((key, message)) = self.qos.validate() {
-            return Err(bad(key, message));
+        for checked in [self.reclaim.validate(), self.qos.validate()] {
+            if let Err(e) = checked {
+                return Err(bad(e.key, e.message));
+            }
         }
         crate::vm_config::validate(&self.microvm, &self.vm)?;
         if !is_valid_node_id(&self.node_id) {
@@ -342,6 +343,16 @@ impl EdgeConfig {
         self.advertise_url
             .clone()
             .unwrap_or_else(|| format!("http://{}", self.listen))
+    }
+
+    /// The node's size and overcommit ratios, as admission needs them.
+    pub fn capacity(&self) -> dsec_node::qos::Capacity {
+        dsec_node::qos::Capacity {
+            memory_mb: self.memory_total_mb(),
+            cpu: self.cpu_total(),
+            memory_overcommit: self.memory_overcommit,
+            cpu_overcommit: self.cpu_overcommit,
+        }
     }
 
     /// Cores offered: configured, or the machine's online CPUs.

@@ -28,7 +28,6 @@
 
 pub mod commands;
 pub mod config;
-pub mod disk;
 pub mod error;
 pub mod files;
 pub mod fullvm;
@@ -38,8 +37,6 @@ pub mod metrics;
 pub mod microvm;
 pub mod network;
 pub mod pack;
-pub mod qos;
-pub mod reclaim;
 pub mod records;
 pub mod substrate;
 pub mod trajectory;
@@ -92,7 +89,7 @@ pub struct Edge {
     /// The function-call pools (container substrate only).
     functions: Option<Arc<dsec_functions::Functions>>,
     /// Cold-memory reclaim and node memory pressure (container substrate, when enabled).
-    reclaim: Option<Arc<reclaim::Reclaim>>,
+    reclaim: Option<Arc<dsec_node::reclaim::Reclaim>>,
 }
 
 impl Edge {
@@ -113,7 +110,8 @@ impl Edge {
             cgroup_parent: config.cgroup_parent(),
             shm_mb: config.shm_mb,
         })
-        .with_reattach_grace(config.reattach_grace_ms);
+        .with_reattach_grace(config.reattach_grace_ms)
+        .with_disk_bps_limit(config.disk_bps_limit_mb.saturating_mul(1 << 20));
         let fn_substrate = substrate.clone().with_reattach_grace(0);
         let vm_aether = substrate.config().aether_path.clone();
         let mut edge = Self::start_inner(
@@ -122,7 +120,7 @@ impl Edge {
             Some(vm_aether),
         )
         .await?;
-        edge.reclaim = reclaim::Reclaim::start(&edge.manager).await;
+        edge.reclaim = edge.manager.start_reclaim().await;
         if edge.cfg.functions.enabled {
             edge.functions = Some(dsec_functions::Functions::start(
                 edge.cfg.functions.clone(),
@@ -187,8 +185,8 @@ impl Edge {
         // keep private references to the layers they were built on).
         images.cleanup_stale_mounts()?;
         let reaped = manager.recover().await;
-        ttl::spawn(&manager);
-        qos::spawn_sampler(&manager);
+        ttl::spawn(&manager, cfg.ttl_check_ms);
+        dsec_node::qos::spawn_sampler(manager.view(), manager.qos().clone());
         manager.trajectory().spawn_background();
         images.ensure_busybox().await?;
         tracing::info!(node = %cfg.node_id, reaped = reaped.len(), "edge started");
@@ -246,7 +244,7 @@ impl Edge {
     }
 
     /// The reclaim policy, when enabled.
-    pub fn reclaim(&self) -> Option<&Arc<reclaim::Reclaim>> {
+    pub fn reclaim(&self) -> Option<&Arc<dsec_node::reclaim::Reclaim>> {
         self.reclaim.as_ref()
     }
 }

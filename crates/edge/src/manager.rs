@@ -214,7 +214,7 @@ pub fn validate_create(
         pids,
         user,
         hostname: req.hostname.clone(),
-        qos: crate::qos::resolve(req.qos, &cfg.qos),
+        qos: dsec_node::qos::resolve(req.qos, &cfg.qos),
     })
 }
 
@@ -245,12 +245,7 @@ fn now_rfc3339() -> String {
 }
 
 /// Milliseconds since the epoch.
-pub fn now_ms() -> u64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_millis() as u64)
-        .unwrap_or(0)
-}
+pub use dsec_node::now_ms;
 
 /// A job operation on every sandbox matching a label selector.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -277,18 +272,6 @@ pub fn labels_match(
     selector: &std::collections::BTreeMap<String, String>,
 ) -> bool {
     !selector.is_empty() && selector.iter().all(|(k, v)| labels.get(k) == Some(v))
-}
-
-/// What the TTL reaper sees of one sandbox.
-pub(crate) struct TtlView {
-    pub id: String,
-    pub state: SandboxState,
-    pub created_ms: u64,
-    pub last_request_ms: u64,
-    pub busy: bool,
-    pub ttl_running_stop: Option<u64>,
-    pub ttl_total: Option<u64>,
-    pub ttl_action: dsec_wire::api::TtlAction,
 }
 
 /// Marks a sandbox busy (the idle clock does not run) while alive.
@@ -402,7 +385,7 @@ pub struct Manager {
     /// The full-VM driver, or why this node has none (see [`crate::fullvm::driver`]).
     fullvm: std::sync::OnceLock<Result<Arc<dyn Driver>, String>>,
     /// QoS capabilities and admission books (issue 10).
-    qos: crate::qos::Qos,
+    qos: Arc<dsec_node::qos::Qos>,
     /// `cfg` as admission sees it: see [`Manager::admission_cfg`].
     admission_cfg: Mutex<(Option<Instant>, Arc<EdgeConfig>)>,
 }
@@ -418,7 +401,7 @@ impl Manager {
         images: Arc<ImageStore>,
         metrics: Arc<Metrics>,
     ) -> Self {
-        let qos = crate::qos::Qos::new(&cfg.qos);
+        let qos = Arc::new(dsec_node::qos::Qos::new(&cfg.qos));
         let traj = Arc::new(crate::trajectory::Trajectories::new(
             cfg.trajectory.clone(),
             cfg.edge_dir().join("trajectories"),
@@ -492,7 +475,7 @@ impl Manager {
     }
 
     /// QoS capabilities and admission books.
-    pub fn qos(&self) -> &crate::qos::Qos {
+    pub fn qos(&self) -> &Arc<dsec_node::qos::Qos> {
         &self.qos
     }
 
@@ -573,7 +556,7 @@ impl Manager {
                 }
             }
             tracing::warn!(sandbox = %f.id, reason = %why, "sandbox of an earlier edge run not re-adopted: cleaning it up");
-            crate::disk::release(&f.dir);
+            dsec_runtime::container::disk::release(&f.dir);
             if let Err(e) = remove_dir(&f.dir) {
                 tracing::error!(sandbox = %f.id, dir = %f.dir.display(), error = %e, "remove leftover sandbox dir");
             }
@@ -816,7 +799,13 @@ impl Manager {
         }
         // Memory and CPU: overcommit by measured usage with a latency-sensitive floor.
         self.qos
-            .admit(&self.admission_cfg(), id, v.qos, v.memory_mb, v.cpu)
+            .admit(
+                &self.admission_cfg().capacity(),
+                id,
+                v.qos,
+                v.memory_mb,
+                v.cpu,
+            )
             .map_err(|r| {
                 EdgeError::NodeFull(format!(
                     "node {node} is full for a {:?} sandbox: {r}",
@@ -927,7 +916,7 @@ impl Manager {
             disk_limit_mb,
         };
         // A best-effort agent starts SCHED_IDLE (the container's spawn sets it before the exec),
-        // so no process of the sandbox ever runs as SCHED_OTHER; `qos::apply` below checks it.
+        // so no process of the sandbox ever runs as SCHED_OTHER; `apply_qos` below checks it.
         let opts = crate::substrate::CreateOptions {
             sched_idle: matches!(v.qos, dsec_wire::api::QosClass::BestEffort),
         };
@@ -948,14 +937,7 @@ impl Manager {
         // The sandbox's nftables chains were added while it started: wait for them.
         let net_ready = crate::network::started(&self.net, &self.cfg, id, &dir).await;
         // QoS before the sandbox is handed out: no user command has run yet.
-        let qos = crate::qos::apply::apply(
-            self.qos.config(),
-            self.qos.caps(),
-            &self.cfg.cgroup_parent(),
-            id,
-            v.qos,
-            sandbox.pid(),
-        );
+        let qos = sandbox.apply_qos(&self.qos.settings(v.qos));
         if let Ok(a) = &qos {
             if opts.sched_idle && info.substrate == Substrate::Container && a.not_idle_before > 0 {
                 tracing::warn!(
@@ -1343,14 +1325,14 @@ impl Manager {
     }
 
     /// What the TTL reaper needs to know about every live sandbox.
-    pub(crate) fn ttl_views(&self) -> Vec<TtlView> {
+    fn ttl_views(&self) -> Vec<crate::ttl::TtlView> {
         let entries: Vec<Arc<Entry>> = lock(&self.state).live.values().cloned().collect();
         entries
             .iter()
             .filter(|e| !e.ended.initialized())
             .map(|e| {
                 let i = lock(&e.info);
-                TtlView {
+                crate::ttl::TtlView {
                     id: e.id.clone(),
                     state: i.state,
                     created_ms: e.created_ms,
@@ -1364,30 +1346,53 @@ impl Manager {
             .collect()
     }
 
-    /// What the reclaim policy needs about every live container sandbox.
-    pub(crate) fn reclaim_views(&self) -> Vec<crate::reclaim::ReclaimView> {
+    /// What the node's policies (QoS sampler, reclaim) see of every live sandbox.
+    fn snapshots(&self) -> Vec<dsec_node::SandboxSnapshot> {
         let entries: Vec<Arc<Entry>> = lock(&self.state).live.values().cloned().collect();
         entries
             .iter()
             .filter(|e| !e.ended.initialized())
-            .filter_map(|e| {
+            .map(|e| {
                 let i = lock(&e.info);
-                (i.substrate == Substrate::Container
-                    && matches!(i.state, SandboxState::Running | SandboxState::Paused))
-                .then(|| crate::reclaim::ReclaimView {
+                dsec_node::SandboxSnapshot {
                     id: e.id.clone(),
                     state: i.state,
-                    qos: crate::qos::class_of(&i),
+                    qos: i.qos,
                     last_request_ms: e.last_request_ms.load(Ordering::SeqCst),
                     busy: e.inflight.load(Ordering::SeqCst) > 0,
-                })
+                    cgroup: e.sandbox.cgroup().cloned(),
+                }
             })
             .collect()
     }
 
+    /// This manager as the node policies' view of the sandboxes.
+    pub fn view(self: &Arc<Self>) -> std::sync::Weak<dyn dsec_node::SandboxView> {
+        let weak: std::sync::Weak<Manager> = Arc::downgrade(self);
+        weak
+    }
+
+    /// Starts the reclaim policy (`[edge.reclaim]`; None when disabled).
+    pub async fn start_reclaim(self: &Arc<Self>) -> Option<Arc<dsec_node::reclaim::Reclaim>> {
+        let m = &self.metrics;
+        dsec_node::reclaim::Reclaim::start(
+            self.cfg.reclaim.clone(),
+            dsec_node::reclaim::ReclaimPlace {
+                cgroup_parent: self.cfg.cgroup_parent(),
+                state_dir: self.cfg.edge_dir().join("reclaim"),
+            },
+            dsec_node::reclaim::ReclaimMetrics {
+                reclaimed_bytes: m.reclaimed_bytes.clone(),
+                memory_pressure_actions: m.memory_pressure_actions.clone(),
+            },
+            self.view(),
+        )
+        .await
+    }
+
     /// Pauses a sandbox because the node is short of memory; the reason goes into its info
     /// and its trajectory (a `memory_pressure` entry).
-    pub(crate) async fn pause_for_pressure(&self, id: &str, reason: &str) -> Result<(), EdgeError> {
+    async fn pause_for_pressure(&self, id: &str, reason: &str) -> Result<(), EdgeError> {
         let e = self.entry(id)?;
         self.pause_entry(&e).await?;
         lock(&e.info).reason = Some(format!("paused: {reason}"));
@@ -1876,7 +1881,7 @@ impl Manager {
             cgroup_version: cgroup_version().to_string(),
             labels: self.cfg.labels.clone(),
             capabilities: Some(self.qos.caps().to_wire()),
-            admission: Some(self.qos.status(&self.cfg)),
+            admission: Some(self.qos.status(&self.cfg.capacity())),
         }
     }
 
@@ -1910,13 +1915,61 @@ impl Manager {
     }
 }
 
-/// `v1` when the memory controller has its own hierarchy, else `v2`.
-pub fn cgroup_version() -> &'static str {
-    if Path::new("/sys/fs/cgroup/memory").is_dir() {
-        "v1"
-    } else {
-        "v2"
+impl dsec_node::SandboxView for Manager {
+    fn sandboxes(&self) -> Vec<dsec_node::SandboxSnapshot> {
+        self.snapshots()
     }
+
+    fn pause_for_pressure<'a>(
+        &'a self,
+        id: &'a str,
+        reason: &'a str,
+    ) -> dsec_node::BoxFut<'a, Result<(), dsec_node::ViewError>> {
+        Box::pin(async move {
+            Manager::pause_for_pressure(self, id, reason)
+                .await
+                .map_err(|e| Box::new(e) as dsec_node::ViewError)
+        })
+    }
+
+    fn note(
+        &self,
+        id: &str,
+        kind: &str,
+        request: serde_json::Value,
+        result: Result<serde_json::Value, &(dyn std::error::Error + Send + Sync + 'static)>,
+    ) {
+        match result {
+            Ok(v) => self.traj.note(id, kind, request, Ok(v)),
+            Err(e) => {
+                let err = EdgeError::internal(kind, e);
+                self.traj.note(id, kind, request, Err(&err));
+            }
+        }
+    }
+}
+
+impl crate::ttl::Reapable for Manager {
+    fn ttl_views(&self) -> Vec<crate::ttl::TtlView> {
+        Manager::ttl_views(self)
+    }
+
+    fn stop_because<'a>(&'a self, id: &'a str, reason: String) -> crate::substrate::BoxFut<'a, ()> {
+        Box::pin(Manager::stop_because(self, id, reason))
+    }
+
+    fn pause_idle<'a>(
+        &'a self,
+        id: &'a str,
+        seen_last_request_ms: u64,
+    ) -> crate::substrate::BoxFut<'a, ()> {
+        Box::pin(Manager::pause_idle(self, id, seen_last_request_ms))
+    }
+}
+
+/// `v1` or `v2`: the host's cgroup version as the runtime detects it (the one rule).
+pub fn cgroup_version() -> &'static str {
+    dsec_runtime::cgroup::CgroupRoot::detect().version.as_str()
 }
 
 /// Removes a directory tree; a missing one is fine.

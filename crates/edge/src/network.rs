@@ -1,5 +1,6 @@
-//! The few calls the sandbox manager makes into networking and disk limits at create, stop
-//! and recovery, so that the manager's own code changes by a line per step.
+//! The few calls the sandbox manager makes into networking at create, stop
+//! and recovery, so that the manager's own code changes by a line per step. (The container disk
+//! limit is the container substrate's: `dsec_runtime::container::disk`.)
 //!
 //! This is the glue between the sandbox lifecycle and [`dsec_network`] (which owns namespaces,
 //! veths, nftables, the DNS proxy and policy): it validates the request, persists
@@ -28,8 +29,8 @@ const SAVED: &str = "network.json";
 /// Largest disk limit a request may ask for (MiB).
 const MAX_DISK_MB: u64 = 1 << 20;
 
-/// Validates the request's network, protected paths and disk limit, then builds what they
-/// need: the limited file system, the namespace with its rules, `/etc/resolv.conf`.
+/// Validates the request's network, protected paths and disk limit, then builds what the
+/// network needs: the namespace with its rules, `/etc/resolv.conf`.
 pub async fn prepare(
     net: &Arc<Network>,
     cfg: &EdgeConfig,
@@ -58,16 +59,6 @@ pub async fn prepare(
             "disk_limit_mb must be 16..={MAX_DISK_MB} (MiB)"
         )));
     }
-    // A VM's writable layer is its own disk image, sized from the same limit by the substrate;
-    // the host-side loop file system is for containers only.
-    if disk_mb > 0 && req.substrate == dsec_wire::api::Substrate::Container {
-        let d = dir.to_path_buf();
-        let bps = cfg.disk_bps_limit_mb.saturating_mul(1 << 20);
-        tokio::task::spawn_blocking(move || crate::disk::prepare(&d, disk_mb, bps))
-            .await
-            .map_err(|e| EdgeError::Internal(format!("disk limit task: {e}")))?
-            .map_err(|e| EdgeError::Internal(e.to_string()))?;
-    }
     if policy.mode == NetworkMode::None {
         return Ok(Extras::default());
     }
@@ -76,13 +67,7 @@ pub async fn prepare(
         rules: policy.rules.clone(),
         groups: Some(policy.groups.clone()),
     };
-    let att = match net.attach(id, policy).await {
-        Ok(a) => a,
-        Err(e) => {
-            crate::disk::release(dir);
-            return Err(e.into());
-        }
-    };
+    let att = net.attach(id, policy).await?;
     let etc = dir.join("upper").join("etc");
     let written = std::fs::create_dir_all(&etc)
         .and_then(|()| std::fs::write(etc.join("resolv.conf"), &att.resolv_conf));
@@ -133,44 +118,23 @@ pub fn saved(net: &Network, id: &str, dir: &Path) {
 }
 
 /// Once the substrate started the sandbox: waits until its nftables chains are in (they were
-/// added while it started; an error fails the create), and on cgroup v2 caps its disk I/O with
-/// `io.max` (on v1 [`crate::disk::prepare`] already capped the loop device).
+/// added while it started; an error fails the create).
 pub async fn started(
     net: &Arc<Network>,
-    cfg: &EdgeConfig,
+    _cfg: &EdgeConfig,
     id: &str,
-    dir: &Path,
+    _dir: &Path,
 ) -> Result<(), EdgeError> {
     net.rules_ready(id).await?;
-    io_cap(cfg, id, dir);
     Ok(())
 }
 
-fn io_cap(cfg: &EdgeConfig, id: &str, dir: &Path) {
-    if cfg.disk_bps_limit_mb == 0 || !dir.join("disk.img").exists() {
-        return;
-    }
-    let root = dsec_runtime::cgroup::CgroupRoot::detect();
-    if root.version != dsec_runtime::cgroup::CgroupVersion::V2 {
-        return;
-    }
-    match dsec_runtime::cgroup::Cgroup::open(&root, &cfg.cgroup_parent(), id) {
-        Ok(cg) => crate::disk::throttle_v2(
-            cg.path(),
-            dir,
-            cfg.disk_bps_limit_mb.saturating_mul(1 << 20),
-        ),
-        Err(e) => tracing::warn!(sandbox = %id, error = %e, "I/O cap: open the sandbox cgroup"),
-    }
-}
-
-/// Removes the sandbox's network and disk objects. Idempotent; problems are logged.
-pub async fn release(net: &Arc<Network>, id: &str, dir: &Path) {
+/// Removes the sandbox's network objects. Idempotent; problems are logged. (The container
+/// substrate releases a disk limit's file system itself, in its destroy.)
+pub async fn release(net: &Arc<Network>, id: &str, _dir: &Path) {
     if let Err(e) = net.detach(id).await {
         tracing::error!(sandbox = %id, error = %e, "remove sandbox network");
     }
-    let d = dir.to_path_buf();
-    let _ = tokio::task::spawn_blocking(move || crate::disk::release(&d)).await;
 }
 
 /// After a restart: re-registers the networks of re-adopted sandboxes, then removes every

@@ -12,9 +12,11 @@ use std::sync::Arc;
 use std::path::PathBuf;
 
 use dsec_runtime::aether_client::AetherClient;
+use dsec_runtime::cgroup::Cgroup;
 use dsec_runtime::container::adopt::AdoptError;
 use dsec_runtime::container::pause::PauseError;
 use dsec_runtime::container::{ContainerSandbox, ContainerSubstrate, SchedClass};
+use dsec_runtime::qos::{ApplyQosError, QosApplied, QosSettings};
 use dsec_runtime::substrate::{
     CreateSandboxError, DestroySandboxError, Sandbox, SandboxSpec, Substrate as _, Usage,
 };
@@ -115,6 +117,16 @@ pub trait LiveSandbox: Send + Sync + 'static {
     /// `cold-fallback`); `None` when the substrate has no such choice.
     fn boot_kind(&self) -> Option<&'static str> {
         None
+    }
+    /// The host cgroup the sandbox's processes and memory are charged to, for the node's
+    /// usage sampling and reclaim; `None` (the default) when it has none of its own (a VM).
+    fn cgroup(&self) -> Option<&Cgroup> {
+        None
+    }
+    /// Applies a QoS class before the sandbox is handed out. The default covers a sandbox
+    /// that is one host process (a VM): the scheduler part on [`LiveSandbox::pid`] only.
+    fn apply_qos(&self, settings: &QosSettings) -> Result<QosApplied, ApplyQosError> {
+        dsec_runtime::qos::apply(self.pid(), None, settings)
     }
 }
 
@@ -241,5 +253,13 @@ impl LiveSandbox for ContainerLive {
 
     fn is_paused(&self) -> bool {
         self.sandbox.is_frozen()
+    }
+
+    fn cgroup(&self) -> Option<&Cgroup> {
+        Some(self.sandbox.cgroup())
+    }
+
+    fn apply_qos(&self, settings: &QosSettings) -> Result<QosApplied, ApplyQosError> {
+        self.sandbox.apply_qos(settings)
     }
 }

@@ -5,14 +5,38 @@
 //!   idle clock does not run: it is already out of the way.
 //! - `ttl_total`: seconds since creation, then stop, whatever the state.
 //!
-//! The decision is a pure function ([`decide`]); [`spawn`] runs it every `ttl_check_ms`.
+//! The decision is a pure function ([`decide`]); [`spawn`] runs it every `ttl_check_ms` over
+//! whatever implements [`Reapable`] (the manager), so this module does not depend on it.
 
 use std::sync::{Arc, Weak};
 use std::time::Duration;
 
+use dsec_node::now_ms;
 use dsec_wire::api::{SandboxState, TtlAction};
 
-use crate::manager::{now_ms, Manager, TtlView};
+use crate::substrate::BoxFut;
+
+/// What the TTL reaper sees of one sandbox.
+pub struct TtlView {
+    pub id: String,
+    pub state: SandboxState,
+    pub created_ms: u64,
+    pub last_request_ms: u64,
+    pub busy: bool,
+    pub ttl_running_stop: Option<u64>,
+    pub ttl_total: Option<u64>,
+    pub ttl_action: TtlAction,
+}
+
+/// What the reaper may see and do (implemented by the manager).
+pub trait Reapable: Send + Sync + 'static {
+    /// Every live sandbox.
+    fn ttl_views(&self) -> Vec<TtlView>;
+    /// Stops a sandbox, giving `reason`.
+    fn stop_because<'a>(&'a self, id: &'a str, reason: String) -> BoxFut<'a, ()>;
+    /// Pauses a sandbox unless a request touched it since `seen_last_request_ms`.
+    fn pause_idle<'a>(&'a self, id: &'a str, seen_last_request_ms: u64) -> BoxFut<'a, ()>;
+}
 
 /// What the reaper does to one sandbox.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -55,7 +79,7 @@ pub(crate) fn decide(v: &TtlView, now_ms: u64) -> Option<Decision> {
 }
 
 /// One pass over every live sandbox.
-pub async fn sweep(mgr: &Manager) {
+pub async fn sweep(mgr: &dyn Reapable) {
     let now = now_ms();
     let todo: Vec<(TtlView, Decision)> = mgr
         .ttl_views()
@@ -76,17 +100,17 @@ pub async fn sweep(mgr: &Manager) {
     }
 }
 
-/// Runs the reaper until the manager is dropped.
-pub fn spawn(mgr: &Arc<Manager>) -> tokio::task::JoinHandle<()> {
-    let weak: Weak<Manager> = Arc::downgrade(mgr);
-    let every = Duration::from_millis(mgr.config().ttl_check_ms);
+/// Runs the reaper every `every_ms` until `target` is dropped.
+pub fn spawn<T: Reapable>(target: &Arc<T>, every_ms: u64) -> tokio::task::JoinHandle<()> {
+    let weak: Weak<T> = Arc::downgrade(target);
+    let every = Duration::from_millis(every_ms);
     tokio::spawn(async move {
         let mut tick = tokio::time::interval(every);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
             tick.tick().await;
             let Some(m) = weak.upgrade() else { return };
-            sweep(&m).await;
+            sweep(&*m).await;
         }
     })
 }

@@ -28,8 +28,8 @@ pub struct SandboxSpec {
     /// Paths inside the sandbox kept read-only even to root (Landlock).
     pub protected_paths: Vec<String>,
     /// Size limit of the sandbox's writable layer in MiB when the request set one (or the
-    /// edge has a default). Containers get it from the edge's loop-mounted file system
-    /// (`dsec_edge::disk`); a microVM sizes its writable disk (`upper.img`) with it.
+    /// edge has a default). A container gets a loop-mounted file system of that size
+    /// ([`crate::container::disk`]); a microVM sizes its writable disk (`upper.img`) with it.
     pub disk_limit_mb: Option<u64>,
 }
 
@@ -52,6 +52,8 @@ pub enum CreateSandboxError {
     Spawn(std::io::Error),
     #[error("sandbox setup failed inside: {0}")]
     Setup(String),
+    #[error(transparent)]
+    DiskLimit(#[from] crate::container::disk::DiskLimitError),
     #[error("sandbox {id}: {error}; cleanup also failed: {cleanup}")]
     WithCleanup {
         id: String,

@@ -16,6 +16,7 @@
 //! the parsing and path logic can be tested against fixture files in a temporary directory.
 
 pub mod favor;
+pub mod memory;
 pub mod qos;
 pub mod v1;
 pub mod v2;
@@ -67,6 +68,16 @@ impl CgroupError {
 pub enum CgroupVersion {
     V1,
     V2,
+}
+
+impl CgroupVersion {
+    /// `v1` or `v2` (the node status's `cgroup_version`).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            CgroupVersion::V1 => "v1",
+            CgroupVersion::V2 => "v2",
+        }
+    }
 }
 
 /// Where the cgroup file systems are mounted, and which version they are.
@@ -271,6 +282,14 @@ impl Cgroup {
             }
         }
         first_err.map_or(Ok(()), Err)
+    }
+
+    /// The cgroup's path below each hierarchy's root (`<parent>/<id>`).
+    pub fn rel(&self) -> &Path {
+        match self {
+            Cgroup::V1(c) => c.rel(),
+            Cgroup::V2(c) => c.rel(),
+        }
     }
 
     /// The cgroup's directory in the primary hierarchy (memory for v1).

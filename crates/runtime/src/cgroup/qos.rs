@@ -5,8 +5,7 @@
 //!   v2 `cpu.weight` = 1 then `cpu.idle` = 1; `Normal` is `cpu.shares` = 1024 / `cpu.weight` =
 //!   100 with `cpu.idle` = 0. The weight is written before `cpu.idle`: the kernel refuses a
 //!   weight change of an idle group (EINVAL).
-//! * [`Cgroup::memory_working_set`]: charged memory minus inactive file pages (what cannot be
-//!   dropped cheaply), the figure admission counts.
+//! * the working set, the figure admission counts, is in [`super::memory`].
 //! * [`Cgroup::cpu_usage_ns`]: CPU time consumed. v2 reads `cpu.stat` `usage_usec`; the v1 cpu
 //!   controller has no usage counter (cpuacct is a separate hierarchy sandboxes do not join), so
 //!   v1 sums `/proc/<tid>/schedstat` over the live tasks of the cgroup (time of exited tasks is
@@ -80,27 +79,6 @@ impl Cgroup {
             weight: format!("{weight_file}={weight}"),
             idle,
         })
-    }
-
-    /// Charged memory minus inactive file pages, in bytes.
-    pub fn memory_working_set(&self) -> Result<u64, CgroupError> {
-        let (usage, stat, key) = match self {
-            Cgroup::V1(c) => match c.dir("memory") {
-                Some(d) => (
-                    read_u64(&d.join("memory.usage_in_bytes"))?,
-                    d.join("memory.stat"),
-                    "total_inactive_file",
-                ),
-                None => return Ok(0),
-            },
-            Cgroup::V2(c) => (
-                read_u64(&c.dir().join("memory.current"))?,
-                c.dir().join("memory.stat"),
-                "inactive_file",
-            ),
-        };
-        let inactive = read_keyed(&stat, key).unwrap_or(0);
-        Ok(usage.saturating_sub(inactive))
     }
 
     /// CPU time the sandbox consumed, in nanoseconds (see the module docs for v1).

@@ -22,6 +22,7 @@ pub struct CgroupV1 {
     /// controller whose hierarchy is mounted.
     dirs: Vec<(&'static str, PathBuf)>,
     primary: PathBuf,
+    rel: PathBuf,
 }
 
 impl CgroupV1 {
@@ -34,7 +35,13 @@ impl CgroupV1 {
         CgroupV1 {
             dirs,
             primary: root.join(PRIMARY).join(rel),
+            rel: rel.to_path_buf(),
         }
+    }
+
+    /// `<parent>/<id>`, the same in every hierarchy.
+    pub fn rel(&self) -> &Path {
+        &self.rel
     }
 
     /// This cgroup's directory in `controller`'s hierarchy, if that hierarchy is mounted.

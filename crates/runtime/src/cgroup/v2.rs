@@ -35,6 +35,11 @@ impl CgroupV2 {
         &self.dir
     }
 
+    /// `<parent>/<id>` below the root.
+    pub fn rel(&self) -> &Path {
+        &self.rel
+    }
+
     /// The `cgroup.procs` aether joins (`<id>/agent`).
     pub fn procs_file(&self) -> PathBuf {
         self.dir.join(AGENT_DIR).join("cgroup.procs")

@@ -15,11 +15,13 @@
 //! with its last process; the host keeps nothing mounted for a container.
 
 pub mod adopt;
+pub mod disk;
 pub mod masks;
 pub mod mntns;
 pub mod netpool;
 pub mod pause;
 pub mod pidfd;
+pub mod qos;
 pub mod spawn;
 
 use std::io;
@@ -70,6 +72,8 @@ pub struct ContainerSubstrate {
     reattach_grace_ms: u64,
     /// Ready network namespaces for containers without networking (see [`netpool`]).
     netns_pool: Option<Arc<netpool::NetnsPool>>,
+    /// Read and write cap of a disk-limited sandbox's loop device, bytes/s (0: none).
+    disk_bps: u64,
 }
 
 impl ContainerSubstrate {
@@ -101,6 +105,33 @@ impl ContainerSubstrate {
                     id: id.clone(),
                     source: io::Error::other(e),
                 })?;
+        // The writable layer's size limit: a file system of its own, capped on its device.
+        let disk = spec.disk_limit_mb.filter(|mb| *mb > 0);
+        if let Some(mb) = disk {
+            let dir = spec.dir.clone();
+            let bps = self.disk_bps;
+            let cg = cgroup.clone();
+            let made = tokio::task::spawn_blocking(move || {
+                disk::prepare(&dir, mb, bps).map(|()| disk::throttle_v2(&cg, &dir, bps))
+            })
+            .await;
+            let err = match made {
+                Ok(Ok(())) => None,
+                Ok(Err(e)) => Some(CreateSandboxError::DiskLimit(e)),
+                Err(e) => Some(CreateSandboxError::Spawn(io::Error::other(e))),
+            };
+            if let Some(error) = err {
+                let dir = spec.dir.clone();
+                let cg = cgroup.clone();
+                // prepare removed what it built; the cgroup is empty.
+                let _ = tokio::task::spawn_blocking(move || {
+                    disk::release(&dir);
+                    remove_dead_cgroup(&cg)
+                })
+                .await;
+                return Err(error);
+            }
+        }
         let dirs = SandboxDirs::new(&spec.dir);
         match self.start(&spec, &cgroup, &dirs, sched).await {
             Ok(Started { process, client }) => {
@@ -126,6 +157,12 @@ impl ContainerSubstrate {
                 }
                 if let Err(e) = teardown(cgroup, dirs).await {
                     cleanup.push(e);
+                }
+                if disk.is_some() {
+                    let dir = spec.dir.clone();
+                    if let Err(e) = tokio::task::spawn_blocking(move || disk::release(&dir)).await {
+                        cleanup.push(format!("release disk limit: {e}"));
+                    }
                 }
                 if cleanup.is_empty() {
                     Err(error)
@@ -162,7 +199,15 @@ impl ContainerSubstrate {
                 .collect(),
             reattach_grace_ms: 0,
             netns_pool: None,
+            disk_bps: 0,
         }
+    }
+
+    /// Caps the reads and writes of each disk-limited sandbox at `bps` bytes per second (see
+    /// [`disk`]; 0: no cap).
+    pub fn with_disk_bps_limit(mut self, bps: u64) -> Self {
+        self.disk_bps = bps;
+        self
     }
 
     /// Lets sandboxes outlive a crash of the edge for `ms`: aether listens on
@@ -353,6 +398,8 @@ impl Process {
 /// The per-sandbox directories this substrate owns (below the edge's sandbox dir).
 #[derive(Debug, Clone)]
 struct SandboxDirs {
+    /// The sandbox's own directory (the three below, the disk limit's files).
+    base: PathBuf,
     upper: PathBuf,
     work: PathBuf,
     rootfs: PathBuf,
@@ -361,6 +408,7 @@ struct SandboxDirs {
 impl SandboxDirs {
     fn new(dir: &Path) -> Self {
         SandboxDirs {
+            base: dir.to_path_buf(),
             upper: dir.join("upper"),
             work: dir.join("work"),
             rootfs: dir.join("rootfs"),
@@ -493,6 +541,11 @@ impl Substrate for ContainerSubstrate {
         teardown(sb.cgroup.clone(), sb.dirs.clone())
             .await
             .map_err(|e| io_err("remove cgroup and dirs", e))?;
+        // The disk limit's file system (if any) is unmounted once nothing runs on it.
+        let dir = sb.dirs.base.clone();
+        tokio::task::spawn_blocking(move || disk::release(&dir))
+            .await
+            .map_err(|e| io_err("release disk limit", e.to_string()))?;
         let ms = |d: Duration| d.as_secs_f64() * 1e3;
         // The edge logs "sandbox ended" (with the whole destroy's time) at INFO.
         tracing::debug!(

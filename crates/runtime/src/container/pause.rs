@@ -1,12 +1,9 @@
 //! Pausing a container: freeze every process, then give its memory back to the host.
 //!
 //! Freeze: the v1 freezer (`freezer.state`) or v2 `cgroup.freeze`. Reclaim, while frozen (so
-//! nothing refaults what is being dropped):
-//! - v2: `memory.reclaim` asked for the whole usage (the kernel frees what it can; page cache
-//!   always, anonymous memory only where swap exists);
-//! - v1: `memory.force_empty`, which on a cgroup that still has tasks runs the same per-cgroup
-//!   reclaim loop (page cache and reclaimable slab; anonymous memory only where swap exists).
-//!   This host has no swap, so anonymous memory stays resident; the report says so.
+//! nothing refaults what is being dropped), is [`Cgroup::reclaim_memory`]: v2 `memory.reclaim`
+//! asked for the whole usage, v1 `memory.force_empty` bounded in time (page cache always,
+//! anonymous memory only where swap exists; without swap the report says it stays resident).
 //!
 //! Resume is a thaw; dropped page cache is read back on demand (there is nothing swapped to
 //! prefetch without swap). A VM substrate implements the same calls as snapshot/restore.
@@ -17,86 +14,26 @@ use std::time::Instant;
 use dsec_wire::api::PauseReport;
 
 use super::ContainerSandbox;
+use crate::cgroup::memory::{host_has_swap, Reclaimed};
 use crate::cgroup::Cgroup;
 pub use crate::error::PauseError;
 
-/// Memory of one cgroup split the way a pause report needs it.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct MemoryStat {
-    /// Total charged bytes (`memory.usage_in_bytes` / `memory.current`).
-    pub usage: u64,
-    /// Page cache (v1 `total_cache`, v2 `file`).
-    pub cache: u64,
-    /// Anonymous memory (v1 `total_rss`, v2 `anon`).
-    pub anon: u64,
-}
-
-/// Parses `memory.stat` text: v1 keys `total_cache`/`total_rss` (hierarchical), else v2
-/// `file`/`anon`.
-pub fn parse_memory_stat(text: &str, usage: u64) -> MemoryStat {
-    let get = |key: &str| {
-        text.lines().find_map(|l| {
-            let (k, v) = l.split_once(' ')?;
-            (k == key).then(|| v.trim().parse::<u64>().ok()).flatten()
-        })
-    };
-    let (cache, anon) = match (get("total_cache"), get("total_rss")) {
-        (Some(c), Some(a)) => (c, a),
-        _ => (get("file").unwrap_or(0), get("anon").unwrap_or(0)),
-    };
-    MemoryStat { usage, cache, anon }
-}
-
-fn v1_or_v2(cg: &Cgroup) -> bool {
-    matches!(cg, Cgroup::V1(_))
-}
-
-/// Reads the cgroup's memory figures (zeros where a file is missing).
-pub fn memory_stat(cg: &Cgroup) -> MemoryStat {
-    let dir = cg.path();
-    let usage_file = if v1_or_v2(cg) {
-        "memory.usage_in_bytes"
-    } else {
-        "memory.current"
-    };
-    let usage = std::fs::read_to_string(dir.join(usage_file))
-        .ok()
-        .and_then(|s| s.trim().parse().ok())
-        .unwrap_or(0);
-    let stat = std::fs::read_to_string(dir.join("memory.stat")).unwrap_or_default();
-    parse_memory_stat(&stat, usage)
-}
-
-fn has_swap() -> bool {
-    std::fs::read_to_string("/proc/swaps")
-        .map(|s| s.lines().count() > 1)
-        .unwrap_or(false)
-}
-
-/// Gives back as much of the frozen cgroup's memory as the host allows; returns the method.
-fn reclaim(cg: &Cgroup, usage: u64) -> String {
-    let swap = if has_swap() {
+/// Gives back as much of the frozen cgroup's memory as the host allows (see
+/// [`crate::cgroup::memory`]); returns the method for the report.
+fn reclaim(cg: &Cgroup) -> String {
+    let swap = if host_has_swap() {
         "swap present: anonymous memory swapped out too"
     } else {
         "no swap: page cache only, anonymous memory stays resident"
     };
-    let dir = cg.path();
-    let (file, value) = if v1_or_v2(cg) {
-        (dir.join("memory.force_empty"), "0".to_string())
-    } else {
-        (dir.join("memory.reclaim"), usage.max(4096).to_string())
-    };
-    let name = file
-        .file_name()
-        .map(|n| n.to_string_lossy().into_owned())
-        .unwrap_or_default();
-    match std::fs::write(&file, value) {
-        Ok(()) => format!("{name} ({swap})"),
-        // memory.reclaim answers EAGAIN when it could not free everything asked: expected.
-        Err(e) if e.raw_os_error() == Some(libc::EAGAIN) => format!("{name} (partial; {swap})"),
+    match cg.reclaim_memory() {
+        Ok(r) => match r.result {
+            Reclaimed::Complete => format!("{} ({swap})", r.file.name()),
+            Reclaimed::Partial => format!("{} (partial; {swap})", r.file.name()),
+        },
         Err(e) => {
-            tracing::warn!(file = %file.display(), error = %e, "reclaim memory of paused sandbox");
-            format!("none: {name} failed: {e}")
+            tracing::warn!(cgroup = %cg.path().display(), error = %e, "reclaim memory of paused sandbox");
+            format!("none: reclaim failed: {e}")
         }
     }
 }
@@ -108,17 +45,17 @@ pub fn pause_cgroup(
     reclaim_memory: bool,
 ) -> Result<PauseReport, PauseError> {
     let started = Instant::now();
-    let before = memory_stat(cg);
+    let before = cg.memory_stat();
     cg.freeze().map_err(|source| PauseError::Freeze {
         id: id.to_string(),
         source,
     })?;
     let method = if reclaim_memory {
-        reclaim(cg, before.usage)
+        reclaim(cg)
     } else {
         "none (reclaim disabled)".to_string()
     };
-    let after = memory_stat(cg);
+    let after = cg.memory_stat();
     Ok(PauseReport {
         memory_before_bytes: before.usage,
         memory_after_bytes: after.usage,
@@ -198,29 +135,6 @@ impl ContainerSandbox {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn parses_v1_and_v2_stat() {
-        let v1 = "cache 10\nrss 20\ntotal_cache 100\ntotal_rss 200\n";
-        assert_eq!(
-            parse_memory_stat(v1, 5),
-            MemoryStat {
-                usage: 5,
-                cache: 100,
-                anon: 200
-            }
-        );
-        let v2 = "anon 300\nfile 400\nkernel 7\n";
-        assert_eq!(
-            parse_memory_stat(v2, 9),
-            MemoryStat {
-                usage: 9,
-                cache: 400,
-                anon: 300
-            }
-        );
-        assert_eq!(parse_memory_stat("garbage", 1).cache, 0);
-    }
 
     #[test]
     fn freezer_states() {

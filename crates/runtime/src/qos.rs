@@ -1,42 +1,71 @@
 //! Applies a sandbox's QoS class to its processes and cgroup, right after the substrate started
 //! its agent and before any user command runs (children inherit the policy and the cookie).
 //! A container's best-effort agent already starts SCHED_IDLE (its spawn child sets policy and
-//! RLIMIT_NICE before exec, see `CreateOptions::sched_idle`); the scheduler pass here is then a
-//! check that counts every task it found not idle ([`Applied::not_idle_before`]), and the one
-//! mechanism for substrates that cannot start idle.
+//! RLIMIT_NICE before exec, see [`crate::container::SchedClass`]); the scheduler pass here is
+//! then a check that counts every task it found not idle ([`QosApplied::not_idle_before`]), and
+//! the one mechanism for substrates that cannot start idle (a VM's process).
 //!
 //! * best-effort: every thread of the agent gets SCHED_IDLE; `RLIMIT_NICE` is set to 0/0 so
 //!   nothing inside can switch back to SCHED_OTHER (that needs the nice range of RLIMIT_NICE or
 //!   CAP_SYS_NICE, and sandboxes keep neither CAP_SYS_NICE nor CAP_SYS_RESOURCE); the cgroup
-//!   gets the lowest CPU weight and, where the kernel has it, `cpu.idle` = 1.
+//!   gets the lowest CPU weight and, where the kernel has it, `cpu.idle` = 1
+//!   ([`Cgroup::set_cpu_priority`]).
 //! * latency-sensitive: default weight, and a core-scheduling cookie for the agent's thread
 //!   group where the kernel supports it (children inherit it), so that no task of another
 //!   cookie runs on the sibling hardware thread.
 
-use std::path::Path;
-
-use dsec_runtime::cgroup::qos::CpuPriority;
-use dsec_runtime::cgroup::{Cgroup, CgroupRoot};
 use dsec_wire::api::QosClass;
 
-use super::caps::{errno_name, PIDTYPE_TGID, PR_SCHED_CORE, PR_SCHED_CORE_CREATE};
+use crate::cgroup::qos::CpuPriority;
+use crate::cgroup::{Cgroup, CgroupError};
+
+/// `prctl` option and sub-commands of core scheduling (linux/prctl.h; not in every libc).
+pub const PR_SCHED_CORE: libc::c_int = 62;
+pub const PR_SCHED_CORE_GET: libc::c_ulong = 0;
+pub const PR_SCHED_CORE_CREATE: libc::c_ulong = 1;
+/// `PIDTYPE_TGID` of `enum pid_type`: the cookie covers the whole thread group.
+pub const PIDTYPE_TGID: libc::c_ulong = 1;
+
+/// `errno` name for the few values the QoS calls and probes can see.
+pub fn errno_name(e: i32) -> String {
+    match e {
+        libc::EINVAL => "EINVAL".into(),
+        libc::ENODEV => "ENODEV".into(),
+        libc::EPERM => "EPERM".into(),
+        libc::ENOSYS => "ENOSYS".into(),
+        libc::ESRCH => "ESRCH".into(),
+        libc::EOPNOTSUPP => "EOPNOTSUPP".into(),
+        other => format!("errno {other}"),
+    }
+}
+
+/// What to apply: the class and the node's QoS settings.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct QosSettings {
+    pub class: QosClass,
+    /// Best-effort cgroups also get `cpu.idle` = 1 where the kernel has it.
+    pub best_effort_cgroup_idle: bool,
+    /// Latency-sensitive sandboxes get a core-scheduling cookie (only where the kernel has
+    /// core scheduling: the caller checks).
+    pub core_cookie: bool,
+}
 
 /// Why a class could not be applied.
 #[derive(Debug, thiserror::Error)]
-pub enum ApplyError {
+pub enum ApplyQosError {
     #[error("sched_setscheduler(SCHED_IDLE) on task {tid}: {errno}")]
     Sched { tid: i32, errno: String },
     #[error("prlimit(RLIMIT_NICE) on pid {pid}: {errno}")]
     Rlimit { pid: i32, errno: String },
     #[error("cgroup cpu priority: {0}")]
-    Cgroup(#[from] dsec_runtime::cgroup::CgroupError),
+    Cgroup(#[from] CgroupError),
     #[error("core-scheduling cookie for pid {pid}: {errno}")]
     CoreSched { pid: i32, errno: String },
 }
 
 /// What [`apply`] did (logged, and tested from the outside).
 #[derive(Debug, Clone, Default, PartialEq)]
-pub struct Applied {
+pub struct QosApplied {
     pub sched_idle_tasks: usize,
     /// Processes of a best-effort sandbox (the agent included) the pass found not SCHED_IDLE
     /// before it set them: 0 when the substrate started the agent idle.
@@ -67,7 +96,7 @@ fn is_idle(tid: i32) -> Option<bool> {
 }
 
 /// Sets SCHED_IDLE on every thread of `pid` and pins its RLIMIT_NICE to 0.
-pub fn sched_idle(pid: i32) -> Result<usize, ApplyError> {
+pub fn sched_idle(pid: i32) -> Result<usize, ApplyQosError> {
     let mut n = 0;
     for tid in threads(pid) {
         let param = libc::sched_param { sched_priority: 0 };
@@ -78,7 +107,7 @@ pub fn sched_idle(pid: i32) -> Result<usize, ApplyError> {
             if errno == "ESRCH" {
                 continue; // the thread exited meanwhile
             }
-            return Err(ApplyError::Sched { tid, errno });
+            return Err(ApplyQosError::Sched { tid, errno });
         }
         n += 1;
     }
@@ -89,7 +118,7 @@ pub fn sched_idle(pid: i32) -> Result<usize, ApplyError> {
     // SAFETY: prlimit reads `zero` (a live local) and writes nothing (old limit pointer null).
     let rc = unsafe { libc::prlimit(pid, libc::RLIMIT_NICE, &zero, std::ptr::null_mut()) };
     if rc != 0 {
-        return Err(ApplyError::Rlimit {
+        return Err(ApplyQosError::Rlimit {
             pid,
             errno: last_errno(),
         });
@@ -98,7 +127,7 @@ pub fn sched_idle(pid: i32) -> Result<usize, ApplyError> {
 }
 
 /// Gives `pid`'s thread group a new core-scheduling cookie.
-pub fn core_cookie(pid: i32) -> Result<(), ApplyError> {
+pub fn core_cookie(pid: i32) -> Result<(), ApplyQosError> {
     // SAFETY: PR_SCHED_CORE_CREATE takes plain integers (pid, pid type, 0).
     let rc = unsafe {
         libc::prctl(
@@ -110,7 +139,7 @@ pub fn core_cookie(pid: i32) -> Result<(), ApplyError> {
         )
     };
     if rc != 0 {
-        return Err(ApplyError::CoreSched {
+        return Err(ApplyQosError::CoreSched {
             pid,
             errno: last_errno(),
         });
@@ -118,26 +147,21 @@ pub fn core_cookie(pid: i32) -> Result<(), ApplyError> {
     Ok(())
 }
 
-/// Applies `class` to the sandbox whose agent is host process `pid` and whose cgroup is
-/// `<parent>/<id>` (a sandbox without such a cgroup, a microVM, gets the scheduler part only).
+/// Applies `s.class` to the sandbox whose agent is host process `pid` and whose processes
+/// live in `cgroup` (None for a sandbox without a host cgroup of its own, a VM: the scheduler
+/// part only, on `pid`).
 pub fn apply(
-    cfg: &super::QosConfig,
-    caps: &super::caps::Caps,
-    parent: &str,
-    id: &str,
-    class: QosClass,
     pid: i32,
-) -> Result<Applied, ApplyError> {
-    let root = CgroupRoot::detect();
-    let cg = Cgroup::open(&root, parent, id)
-        .ok()
-        .filter(|c| Path::new(c.path()).is_dir());
-    let mut out = Applied::default();
-    match class {
+    cgroup: Option<&Cgroup>,
+    s: &QosSettings,
+) -> Result<QosApplied, ApplyQosError> {
+    let cg = cgroup.filter(|c| c.path().is_dir());
+    let mut out = QosApplied::default();
+    match s.class {
         QosClass::BestEffort => {
-            if let Some(cg) = &cg {
+            if let Some(cg) = cg {
                 let a = cg.set_cpu_priority(CpuPriority::Lowest {
-                    idle: cfg.best_effort_cgroup_idle,
+                    idle: s.best_effort_cgroup_idle,
                 })?;
                 out.cgroup = Some(match a.idle {
                     Some(i) => format!("{} cpu.idle={}", a.weight, u8::from(i)),
@@ -160,7 +184,7 @@ pub fn apply(
                 if pass > 0 {
                     std::thread::sleep(std::time::Duration::from_micros(200));
                 }
-                let pids: Vec<i32> = cg.as_ref().and_then(|c| c.procs().ok()).unwrap_or_default();
+                let pids: Vec<i32> = cg.and_then(|c| c.procs().ok()).unwrap_or_default();
                 for p in pids {
                     if p <= 1 || done.contains(&p) {
                         continue;
@@ -172,23 +196,23 @@ pub fn apply(
                     match sched_idle(p) {
                         Ok(n) => out.sched_idle_tasks += n,
                         // A process of the sandbox that exited meanwhile.
-                        Err(ApplyError::Rlimit { errno, .. }) if errno == "ESRCH" => {}
+                        Err(ApplyQosError::Rlimit { errno, .. }) if errno == "ESRCH" => {}
                         Err(e) => return Err(e),
                     }
                 }
             }
         }
         QosClass::LatencySensitive => {
-            if let Some(cg) = &cg {
+            if let Some(cg) = cg {
                 out.cgroup = Some(cg.set_cpu_priority(CpuPriority::Normal)?.weight);
             }
-            if caps.core_scheduling.available && cfg.core_scheduling && pid > 1 {
+            if s.core_cookie && pid > 1 {
                 core_cookie(pid)?;
                 out.core_cookie = true;
             }
         }
     }
-    tracing::debug!(sandbox = %id, ?class, applied = ?out, "QoS class applied");
+    tracing::debug!(pid, class = ?s.class, applied = ?out, "QoS class applied");
     Ok(out)
 }
 
@@ -228,21 +252,5 @@ mod tests {
             nice.split_whitespace().collect::<Vec<_>>()[3..5],
             ["0", "0"]
         );
-    }
-
-    #[test]
-    fn core_cookie_reports_the_kernel_answer() {
-        let caps = super::super::caps::probe_core_sched();
-        // SAFETY: getpid has no preconditions.
-        let me = unsafe { libc::getpid() };
-        match core_cookie(me) {
-            Ok(()) => assert!(caps.available),
-            Err(ApplyError::CoreSched { errno, .. }) => {
-                println!("core scheduling unavailable here: {errno}");
-                assert!(!caps.available);
-                assert_eq!(errno, caps.detail);
-            }
-            Err(e) => panic!("{e}"),
-        }
     }
 }

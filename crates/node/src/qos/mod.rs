@@ -2,23 +2,34 @@
 //!
 //! Every sandbox has a [`QosClass`]: the create request's, else the edge's
 //! `qos.default_class`. It is recorded in [`SandboxInfo::qos`] (and so in the sandbox record:
-//! it survives an edge restart). The reclaim side lists best-effort sandboxes with
-//! [`class_of`] over [`crate::Manager::list`].
+//! it survives an edge restart). Applying a class to a sandbox's processes and cgroup is the
+//! substrate's (`dsec_runtime::qos`); this module decides the settings ([`Qos::settings`]),
+//! admits by measured usage and samples that usage through a [`crate::SandboxView`].
 
 pub mod admission;
-pub mod apply;
 pub mod caps;
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, Weak};
 use std::time::{Duration, Instant};
 
+use dsec_runtime::qos::QosSettings;
 use dsec_wire::api::{AdmissionStatus, QosClass, SandboxInfo};
 use serde::{Deserialize, Serialize};
 
-use crate::config::EdgeConfig;
+use crate::{NodeConfigError, SandboxSnapshot, SandboxView};
 pub use admission::{Amount, Policy, Refusal, Snapshot};
 pub use caps::Caps;
+
+/// The node's size and overcommit ratios, as admission needs them (from the edge's config,
+/// or the machine where the config leaves them out).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Capacity {
+    pub memory_mb: u64,
+    pub cpu: f64,
+    pub memory_overcommit: f64,
+    pub cpu_overcommit: f64,
+}
 
 /// `[edge.qos]`.
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -68,13 +79,16 @@ impl Default for QosConfig {
 }
 
 impl QosConfig {
-    /// Checks the values; `Err((key, message))` names the bad key.
-    pub fn validate(&self) -> Result<(), (&'static str, String)> {
+    /// Checks the values; the error names the bad key.
+    pub fn validate(&self) -> Result<(), NodeConfigError> {
         let pos = |key: &'static str, v: f64, max: f64| {
             if v.is_finite() && v > 0.0 && v <= max {
                 Ok(())
             } else {
-                Err((key, format!("{v} must be in (0, {max}]")))
+                Err(NodeConfigError::new(
+                    key,
+                    format!("{v} must be in (0, {max}]"),
+                ))
             }
         };
         pos("qos.ls_memory_ratio", self.ls_memory_ratio, 100.0)?;
@@ -82,10 +96,16 @@ impl QosConfig {
         pos("qos.memory_usage_limit", self.memory_usage_limit, 1.0)?;
         pos("qos.cpu_usage_limit", self.cpu_usage_limit, 100.0)?;
         if !(self.start_reservation_cpu.is_finite() && self.start_reservation_cpu >= 0.0) {
-            return Err(("qos.start_reservation_cpu", "must be >= 0".into()));
+            return Err(NodeConfigError::new(
+                "qos.start_reservation_cpu",
+                "must be >= 0",
+            ));
         }
         if self.sample_ms < 100 {
-            return Err(("qos.sample_ms", "must be at least 100".into()));
+            return Err(NodeConfigError::new(
+                "qos.sample_ms",
+                "must be at least 100",
+            ));
         }
         Ok(())
     }
@@ -154,12 +174,21 @@ impl Qos {
         &self.cfg
     }
 
-    /// The admission policy for a node of `edge`'s size.
-    pub fn policy(&self, edge: &EdgeConfig) -> Policy {
+    /// What the substrate applies to a new sandbox of `class` on this node.
+    pub fn settings(&self, class: QosClass) -> QosSettings {
+        QosSettings {
+            class,
+            best_effort_cgroup_idle: self.cfg.best_effort_cgroup_idle,
+            core_cookie: self.caps.core_scheduling.available && self.cfg.core_scheduling,
+        }
+    }
+
+    /// The admission policy for a node of this size.
+    pub fn policy(&self, node: &Capacity) -> Policy {
         Policy {
-            physical: Amount::new(edge.memory_total_mb() as f64, edge.cpu_total()),
-            memory_overcommit: edge.memory_overcommit,
-            cpu_overcommit: edge.cpu_overcommit,
+            physical: Amount::new(node.memory_mb as f64, node.cpu),
+            memory_overcommit: node.memory_overcommit,
+            cpu_overcommit: node.cpu_overcommit,
             ls_memory_ratio: self.cfg.ls_memory_ratio,
             ls_cpu_ratio: self.cfg.ls_cpu_ratio,
             memory_usage_limit: self.cfg.memory_usage_limit,
@@ -214,7 +243,7 @@ impl Qos {
     /// Admits and books a starting sandbox, or says why not.
     pub fn admit(
         &self,
-        edge: &EdgeConfig,
+        node: &Capacity,
         id: &str,
         class: QosClass,
         memory_mb: u64,
@@ -222,7 +251,7 @@ impl Qos {
     ) -> Result<(), Refusal> {
         let mut books = lock(&self.books);
         let req = Amount::new(memory_mb as f64, cpu);
-        admission::check(class, req, &self.policy(edge), &self.snapshot_of(&books))?;
+        admission::check(class, req, &self.policy(node), &self.snapshot_of(&books))?;
         books.insert(
             id.to_string(),
             Booked {
@@ -263,13 +292,14 @@ impl Qos {
     }
 
     /// Admission figures for the node status.
-    pub fn status(&self, edge: &EdgeConfig) -> AdmissionStatus {
-        admission::status(&self.policy(edge), &self.snapshot())
+    pub fn status(&self, node: &Capacity) -> AdmissionStatus {
+        admission::status(&self.policy(node), &self.snapshot())
     }
 
-    /// Measures every running sandbox's working set and CPU use (blocking file reads).
-    pub fn sample(&self, cgroup_parent: &str) {
-        let root = dsec_runtime::cgroup::CgroupRoot::detect();
+    /// Measures every running sandbox's working set and CPU use (blocking file reads) from
+    /// the cgroups in `live`; a booked sandbox without one (a VM, whose guest memory stays
+    /// resident) counts by its request.
+    pub fn sample(&self, live: &[SandboxSnapshot]) {
         let ids: Vec<String> = lock(&self.books)
             .iter()
             .filter(|(_, b)| !b.starting)
@@ -278,15 +308,15 @@ impl Qos {
         let mut measured = Vec::with_capacity(ids.len());
         let mut unmeasurable = Vec::new();
         for id in ids {
-            let Ok(cg) = dsec_runtime::cgroup::Cgroup::open(&root, cgroup_parent, &id) else {
-                continue;
-            };
-            if !cg.path().is_dir() {
-                // No sandbox cgroup (a microVM, whose guest memory stays resident): counted by
-                // its request.
+            let cg = live
+                .iter()
+                .find(|s| s.id == id)
+                .and_then(|s| s.cgroup.as_ref())
+                .filter(|c| c.path().is_dir());
+            let Some(cg) = cg else {
                 unmeasurable.push(id);
                 continue;
-            }
+            };
             let mem = cg.memory_working_set().ok();
             let cpu = cg.cpu_usage_ns().ok();
             measured.push((id, mem, cpu, Instant::now()));
@@ -319,18 +349,17 @@ impl Qos {
     }
 }
 
-/// Measures usage every `qos.sample_ms` while the manager lives.
-pub fn spawn_sampler(mgr: &Arc<crate::Manager>) -> tokio::task::JoinHandle<()> {
-    let weak: Weak<crate::Manager> = Arc::downgrade(mgr);
-    let every = Duration::from_millis(mgr.qos().config().sample_ms);
+/// Measures usage every `qos.sample_ms` while the view (the edge's manager) lives.
+pub fn spawn_sampler(view: Weak<dyn SandboxView>, qos: Arc<Qos>) -> tokio::task::JoinHandle<()> {
+    let every = Duration::from_millis(qos.config().sample_ms);
     tokio::spawn(async move {
         let mut tick = tokio::time::interval(every);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
             tick.tick().await;
-            let Some(m) = weak.upgrade() else { return };
-            let parent = m.config().cgroup_parent();
-            let _ = tokio::task::spawn_blocking(move || m.qos().sample(&parent)).await;
+            let Some(v) = view.upgrade() else { return };
+            let q = qos.clone();
+            let _ = tokio::task::spawn_blocking(move || q.sample(&v.sandboxes())).await;
         }
     })
 }
@@ -372,10 +401,11 @@ mod tests {
             ..QosConfig::default()
         };
         let q = Qos::with_caps(&strict, Caps::default());
-        let edge = EdgeConfig {
-            memory_mb_total: Some(2048),
-            cpu_cores_total: Some(2.0),
-            ..EdgeConfig::default()
+        let edge = Capacity {
+            memory_mb: 2048,
+            cpu: 2.0,
+            memory_overcommit: 4.0,
+            cpu_overcommit: 25.0,
         };
         q.admit(&edge, "a", QosClass::BestEffort, 1024, 0.5)
             .unwrap();
@@ -391,7 +421,14 @@ mod tests {
             (Amount::default(), Amount::new(64.0, 0.1))
         );
         // No cgroup to measure (a microVM): its request.
-        q.sample("dsec/no-such-node-qos-test");
+        q.sample(&[SandboxSnapshot {
+            id: "a".into(),
+            state: dsec_wire::api::SandboxState::Running,
+            qos: QosClass::BestEffort,
+            last_request_ms: 0,
+            busy: false,
+            cgroup: None,
+        }]);
         assert_eq!(q.snapshot().used, Amount::new(1024.0, 0.5));
         // Measured: its working set and CPU rate.
         lock(&q.books).get_mut("a").unwrap().used = Some(Amount::new(3.0, 0.01));
@@ -415,5 +452,37 @@ mod tests {
             (512, 1040)
         );
         q.release("nope");
+    }
+
+    #[test]
+    fn sample_measures_through_the_views_cgroup() {
+        use dsec_runtime::cgroup::{Cgroup, CgroupRoot, Limits};
+        let d = tempfile::tempdir().unwrap();
+        std::fs::write(d.path().join("cgroup.controllers"), "cpu memory\n").unwrap();
+        let root = CgroupRoot::detect_at(d.path());
+        let cg = Cgroup::create(&root, "dsec/n0", "sb-1", &Limits::default()).unwrap();
+        std::fs::write(cg.path().join("memory.current"), "20971520\n").unwrap();
+        std::fs::write(
+            cg.path().join("memory.stat"),
+            "anon 1\ninactive_file 10485760\n",
+        )
+        .unwrap();
+        std::fs::write(cg.path().join("cpu.stat"), "usage_usec 1000\n").unwrap();
+        let q = Qos::with_caps(&QosConfig::default(), Caps::default());
+        q.adopt("sb-1", QosClass::BestEffort, 1024, 1.0);
+        let snap = SandboxSnapshot {
+            id: "sb-1".into(),
+            state: dsec_wire::api::SandboxState::Running,
+            qos: QosClass::BestEffort,
+            last_request_ms: 0,
+            busy: false,
+            cgroup: Some(cg),
+        };
+        q.sample(std::slice::from_ref(&snap));
+        // The working set (20 MiB charged, 10 MiB of it inactive page cache), not the request.
+        assert_eq!(q.snapshot().used.memory_mb, 10.0);
+        // A sandbox the view no longer lists counts by its request.
+        q.sample(&[]);
+        assert_eq!(q.snapshot().used.memory_mb, 1024.0);
     }
 }

@@ -8,12 +8,7 @@ use std::path::Path;
 
 use dsec_wire::api::{Capability, NodeCapabilities};
 
-/// `prctl` option and sub-commands of core scheduling (linux/prctl.h; not in every libc).
-pub(crate) const PR_SCHED_CORE: libc::c_int = 62;
-const PR_SCHED_CORE_GET: libc::c_ulong = 0;
-pub(crate) const PR_SCHED_CORE_CREATE: libc::c_ulong = 1;
-/// `PIDTYPE_TGID` of `enum pid_type`: the cookie covers the whole thread group.
-pub(crate) const PIDTYPE_TGID: libc::c_ulong = 1;
+use dsec_runtime::qos::{errno_name, PR_SCHED_CORE, PR_SCHED_CORE_GET};
 
 /// What the edge found at start (a plain struct: copy it freely).
 #[derive(Debug, Clone, Default, PartialEq)]
@@ -46,19 +41,6 @@ fn no(detail: impl Into<String>) -> Capability {
     }
 }
 
-/// `errno` name for the few values the probes can see.
-pub(crate) fn errno_name(e: i32) -> String {
-    match e {
-        libc::EINVAL => "EINVAL".into(),
-        libc::ENODEV => "ENODEV".into(),
-        libc::EPERM => "EPERM".into(),
-        libc::ENOSYS => "ENOSYS".into(),
-        libc::ESRCH => "ESRCH".into(),
-        libc::EOPNOTSUPP => "EOPNOTSUPP".into(),
-        other => format!("errno {other}"),
-    }
-}
-
 impl Caps {
     /// Probes the running kernel.
     pub fn detect() -> Caps {
@@ -81,9 +63,10 @@ impl Caps {
     ) -> Caps {
         use dsec_runtime::cgroup::CgroupVersion;
         let p = |rel: &str| sys_root.join(rel);
-        let (cgroup_version, cpu_dir) = match cgroup.version {
-            CgroupVersion::V1 => ("v1", cgroup.path.join("cpu")),
-            CgroupVersion::V2 => ("v2", cgroup.path.clone()),
+        let cgroup_version = cgroup.version.as_str();
+        let cpu_dir = match cgroup.version {
+            CgroupVersion::V1 => cgroup.path.join("cpu"),
+            CgroupVersion::V2 => cgroup.path.clone(),
         };
         // cpu.idle is absent from the root cgroup: look one level down too.
         let cpu_idle_file = std::iter::once(cpu_dir.join("cpu.idle"))
@@ -306,6 +289,22 @@ mod tests {
             text.contains("core scheduling: unavailable (EINVAL)"),
             "{text}"
         );
+    }
+
+    #[test]
+    fn core_cookie_matches_the_probe() {
+        let caps = probe_core_sched();
+        // SAFETY: getpid has no preconditions.
+        let me = unsafe { libc::getpid() };
+        match dsec_runtime::qos::core_cookie(me) {
+            Ok(()) => assert!(caps.available),
+            Err(dsec_runtime::qos::ApplyQosError::CoreSched { errno, .. }) => {
+                println!("core scheduling unavailable here: {errno}");
+                assert!(!caps.available);
+                assert_eq!(errno, caps.detail);
+            }
+            Err(e) => panic!("{e}"),
+        }
     }
 
     #[test]

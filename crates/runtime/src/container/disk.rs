@@ -16,37 +16,58 @@
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-/// Why the limited file system could not be made.
-#[derive(Debug, thiserror::Error)]
-#[error("disk limit: {0}")]
-pub struct DiskError(pub String);
+use crate::cgroup::Cgroup;
 
-fn run(cmd: &str, args: &[&str]) -> Result<(), DiskError> {
+/// Why the limited file system could not be made (or capped).
+#[derive(Debug, thiserror::Error)]
+pub enum DiskLimitError {
+    #[error("disk limit: {op} {path}: {source}")]
+    Io {
+        op: &'static str,
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("disk limit: run {cmd}: {source}")]
+    Spawn { cmd: String, source: std::io::Error },
+    #[error("disk limit: {cmd} failed: {stderr}")]
+    Command { cmd: String, stderr: String },
+    #[error("disk limit: {0} is not on a loop device after mounting")]
+    NotMounted(PathBuf),
+    #[error("disk limit: {0:?} is not a loop device")]
+    NotLoop(String),
+}
+
+fn io_err(op: &'static str, path: &Path) -> impl FnOnce(std::io::Error) -> DiskLimitError {
+    let path = path.to_path_buf();
+    move |source| DiskLimitError::Io { op, path, source }
+}
+
+fn run(cmd: &str, args: &[&str]) -> Result<(), DiskLimitError> {
     let out = Command::new(cmd)
         .args(args)
         .output()
-        .map_err(|e| DiskError(format!("{cmd}: {e}")))?;
+        .map_err(|source| DiskLimitError::Spawn {
+            cmd: cmd.to_string(),
+            source,
+        })?;
     if out.status.success() {
         Ok(())
     } else {
-        Err(DiskError(format!(
-            "{cmd} {}: {}",
-            args.join(" "),
-            String::from_utf8_lossy(&out.stderr).trim()
-        )))
+        Err(DiskLimitError::Command {
+            cmd: format!("{cmd} {}", args.join(" ")),
+            stderr: String::from_utf8_lossy(&out.stderr).trim().to_string(),
+        })
     }
 }
 
 /// Makes and mounts the limited file system under `dir` (blocking) and caps its loop device
 /// at `bps` bytes per second for reads and writes (0: no cap).
-pub fn prepare(dir: &Path, limit_mb: u64, bps: u64) -> Result<(), DiskError> {
+pub fn prepare(dir: &Path, limit_mb: u64, bps: u64) -> Result<(), DiskLimitError> {
     let img = dir.join("disk.img");
     let fs = dir.join("fs");
     let p = |x: &Path| x.to_string_lossy().into_owned();
-    let f = std::fs::File::create(&img)
-        .map_err(|e| DiskError(format!("create {}: {e}", img.display())))?;
-    f.set_len(limit_mb << 20)
-        .map_err(|e| DiskError(format!("size {}: {e}", img.display())))?;
+    let f = std::fs::File::create(&img).map_err(io_err("create", &img))?;
+    f.set_len(limit_mb << 20).map_err(io_err("size", &img))?;
     drop(f);
     let made = run(
         "mkfs.ext4",
@@ -62,9 +83,7 @@ pub fn prepare(dir: &Path, limit_mb: u64, bps: u64) -> Result<(), DiskError> {
             &p(&img),
         ],
     )
-    .and_then(|()| {
-        std::fs::create_dir_all(&fs).map_err(|e| DiskError(format!("create {}: {e}", fs.display())))
-    })
+    .and_then(|()| std::fs::create_dir_all(&fs).map_err(io_err("create", &fs)))
     .and_then(|()| run("mount", &["-o", "loop,nodev,nosuid", &p(&img), &p(&fs)]));
     if let Err(e) = made {
         release(dir);
@@ -77,14 +96,11 @@ pub fn prepare(dir: &Path, limit_mb: u64, bps: u64) -> Result<(), DiskError> {
         Some(d) => d,
         None => {
             release(dir);
-            return Err(DiskError(format!(
-                "{} is not on a loop device after mounting",
-                fs.display()
-            )));
+            return Err(DiskLimitError::NotMounted(fs));
         }
     };
     let noted = std::fs::write(dir.join(DEV_FILE), &dev)
-        .map_err(|e| DiskError(format!("write {}: {e}", dir.join(DEV_FILE).display())))
+        .map_err(io_err("write", &dir.join(DEV_FILE)))
         .and_then(|()| set_device_cap_v1(&dev, bps));
     if let Err(e) = noted {
         release(dir);
@@ -97,7 +113,7 @@ pub fn prepare(dir: &Path, limit_mb: u64, bps: u64) -> Result<(), DiskError> {
             .and_then(|()| std::os::unix::fs::symlink(&inner, &link));
         if let Err(e) = made {
             release(dir);
-            return Err(DiskError(format!("prepare {}: {e}", link.display())));
+            return Err(io_err("prepare", &link)(e));
         }
     }
     Ok(())
@@ -200,7 +216,7 @@ fn own_blkio_cgroup(text: &str) -> Option<&str> {
 /// Caps (or with 0 uncaps) reads and writes of the loop device `dev` in the cgroup v1 blkio
 /// hierarchy (see [`blkio_v1_dirs`]). Only ever applied to loop devices, which belong to
 /// exactly one sandbox; without a v1 blkio hierarchy this does nothing (see [`throttle_v2`]).
-fn set_device_cap_v1(dev: &str, bps: u64) -> Result<(), DiskError> {
+fn set_device_cap_v1(dev: &str, bps: u64) -> Result<(), DiskLimitError> {
     if !Path::new(BLKIO_V1)
         .join("blkio.throttle.write_bps_device")
         .exists()
@@ -208,7 +224,7 @@ fn set_device_cap_v1(dev: &str, bps: u64) -> Result<(), DiskError> {
         return Ok(());
     }
     if !is_loop_device(dev) {
-        return Err(DiskError(format!("{dev:?} is not a loop device")));
+        return Err(DiskLimitError::NotLoop(dev.to_string()));
     }
     for dir in blkio_v1_dirs() {
         for file in [
@@ -222,7 +238,7 @@ fn set_device_cap_v1(dev: &str, bps: u64) -> Result<(), DiskError> {
                 Err(e) if bps == 0 => {
                     tracing::debug!(file = %path.display(), error = %e, "clear loop device cap")
                 }
-                Err(e) => return Err(DiskError(format!("write {}: {e}", path.display()))),
+                Err(e) => return Err(io_err("write", &path)(e)),
             }
         }
     }
@@ -243,11 +259,15 @@ fn parse_cap(text: &str, dev: &str) -> Option<u64> {
     })
 }
 
-/// On a cgroup v2 host: caps the sandbox cgroup `cgroup_dir` on its loop device with `io.max`
-/// (v2 attributes buffered writeback to the writer's cgroup, so this covers `yes > f`),
-/// enabling the `io` controller down the path first. Called once the substrate made the
-/// cgroup; best effort (logged). Does nothing on v1, where [`prepare`] capped the device.
-pub fn throttle_v2(cgroup_dir: &Path, dir: &Path, bps: u64) {
+/// On a cgroup v2 host: caps the sandbox's cgroup on its loop device with `io.max` (v2
+/// attributes buffered writeback to the writer's cgroup, so this covers `yes > f`), enabling
+/// the `io` controller down the path first. Called once the cgroup exists, before the sandbox
+/// runs; best effort (logged). Does nothing on v1, where [`prepare`] capped the device.
+pub fn throttle_v2(cgroup: &Cgroup, dir: &Path, bps: u64) {
+    let Cgroup::V2(cg) = cgroup else {
+        return;
+    };
+    let cgroup_dir = cg.dir();
     if bps == 0
         || Path::new(BLKIO_V1)
             .join("blkio.throttle.write_bps_device")

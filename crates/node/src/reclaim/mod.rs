@@ -2,8 +2,8 @@
 //!
 //! When enabled, the edge
 //! - sets up a compressed swap tier ([`zram`]) at start and removes it at shutdown;
-//! - gives every sandbox the swap policy of its QoS class ([`cgroup_reclaim`]): latency-sensitive
-//!   never swapped, best-effort swapped first;
+//! - gives every sandbox the swap policy of its QoS class (`dsec_runtime::cgroup::memory`):
+//!   latency-sensitive never swapped, best-effort swapped first;
 //! - pushes cold memory of best-effort sandboxes out: with DAMON ([`damon`], `paddr` + DAMOS
 //!   `pageout` + memcg filters) when it is the sole DAMON user, else cgroup-driven: a best-effort
 //!   sandbox without a request and not busy for `cold_s` (paused ones first, at once) has its
@@ -16,7 +16,6 @@
 //! and a Prometheus counter (`dsec_edge_reclaimed_bytes_total{sandbox,mechanism}`,
 //! `dsec_edge_memory_pressure_actions_total{action}`).
 
-pub mod cgroup_reclaim;
 pub mod damon;
 pub mod pressure;
 pub mod zram;
@@ -26,13 +25,14 @@ use std::path::PathBuf;
 use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
 
-use dsec_runtime::cgroup::CgroupRoot;
+use dsec_runtime::cgroup::memory::{Reclaimed, SandboxesParent, SwapPolicy};
+use dsec_runtime::cgroup::{Cgroup, CgroupRoot};
 use dsec_wire::api::{QosClass, SandboxState};
+use prometheus::IntCounterVec;
 use serde::{Deserialize, Serialize};
 use serde_json::json;
 
-use crate::manager::{now_ms, Manager};
-use cgroup_reclaim::MemCgroups;
+use crate::{now_ms, NodeConfigError, SandboxView};
 
 /// `[edge.reclaim]`.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
@@ -85,37 +85,89 @@ impl Default for ReclaimConfig {
 }
 
 impl ReclaimConfig {
-    pub fn validate(&self) -> Result<(), String> {
+    /// Checks the values; the error names the bad key.
+    pub fn validate(&self) -> Result<(), NodeConfigError> {
         if !matches!(self.mechanism.as_str(), "auto" | "damon" | "cgroup") {
-            return Err(format!(
-                "mechanism {:?} must be auto, damon or cgroup",
-                self.mechanism
+            return Err(NodeConfigError::new(
+                "reclaim.mechanism",
+                format!("{:?} must be auto, damon or cgroup", self.mechanism),
             ));
         }
         if self.interval_ms < 100 {
-            return Err("interval_ms must be at least 100".into());
+            return Err(NodeConfigError::new(
+                "reclaim.interval_ms",
+                "must be at least 100",
+            ));
         }
         if !(self.pressure_high_ratio > 0.0 && self.pressure_high_ratio <= 1.0) {
-            return Err("pressure_high_ratio must be in (0, 1]".into());
+            return Err(NodeConfigError::new(
+                "reclaim.pressure_high_ratio",
+                "must be in (0, 1]",
+            ));
         }
         if !(0.0..=100.0).contains(&self.pressure_psi_some_avg10) {
-            return Err("pressure_psi_some_avg10 must be in [0, 100]".into());
+            return Err(NodeConfigError::new(
+                "reclaim.pressure_psi_some_avg10",
+                "must be in [0, 100]",
+            ));
         }
         if self.best_effort_swappiness > 200 {
-            return Err("best_effort_swappiness must be at most 200".into());
+            return Err(NodeConfigError::new(
+                "reclaim.best_effort_swappiness",
+                "must be at most 200",
+            ));
         }
         Ok(())
     }
 }
 
-/// What the policy needs to know about one sandbox.
+/// One sandbox the policy may act on: running or paused, with a memory cgroup.
 #[derive(Debug, Clone)]
-pub struct ReclaimView {
-    pub id: String,
-    pub state: SandboxState,
-    pub qos: QosClass,
-    pub last_request_ms: u64,
-    pub busy: bool,
+struct ReclaimView {
+    id: String,
+    state: SandboxState,
+    qos: QosClass,
+    last_request_ms: u64,
+    busy: bool,
+    cgroup: Cgroup,
+}
+
+impl ReclaimView {
+    /// The sandboxes of `view` the policy covers.
+    fn of(view: &dyn SandboxView) -> Vec<ReclaimView> {
+        view.sandboxes()
+            .into_iter()
+            .filter(|s| matches!(s.state, SandboxState::Running | SandboxState::Paused))
+            .filter_map(|s| {
+                Some(ReclaimView {
+                    cgroup: s.cgroup?,
+                    id: s.id,
+                    state: s.state,
+                    qos: s.qos,
+                    last_request_ms: s.last_request_ms,
+                    busy: s.busy,
+                })
+            })
+            .collect()
+    }
+}
+
+/// The Prometheus counters the policy moves (registered by the edge).
+#[derive(Clone)]
+pub struct ReclaimMetrics {
+    /// `dsec_edge_reclaimed_bytes_total{sandbox,mechanism}`.
+    pub reclaimed_bytes: IntCounterVec,
+    /// `dsec_edge_memory_pressure_actions_total{action}`.
+    pub memory_pressure_actions: IntCounterVec,
+}
+
+/// Where the policy runs: the node's cgroup parent and its own state directory.
+#[derive(Debug, Clone)]
+pub struct ReclaimPlace {
+    /// The sandboxes' parent cgroup (`dsec/<node>`).
+    pub cgroup_parent: String,
+    /// `<edge dir>/reclaim`: the zram marker and the kdamond's pid.
+    pub state_dir: PathBuf,
 }
 
 #[derive(Debug, Default, Clone)]
@@ -152,10 +204,9 @@ struct Inner {
 /// The running reclaim policy of one edge.
 pub struct Reclaim {
     cfg: ReclaimConfig,
-    mem: MemCgroups,
-    /// For the CPU usage of sandboxes (idle detection).
-    root: CgroupRoot,
-    parent: String,
+    /// The sandboxes' parent cgroup: the budget, its figures and pressure.
+    parent: SandboxesParent,
+    metrics: ReclaimMetrics,
     zram_host: zram::ZramHost,
     zram_marker: PathBuf,
     zram: Option<zram::ZramDevice>,
@@ -180,20 +231,26 @@ impl Reclaim {
     /// Sets up the swap tier, the budget and the mechanism, and starts the policy task.
     /// Returns None when reclaim is disabled. Never fails the edge: what cannot be set up is
     /// logged and reported as missing.
-    pub async fn start(mgr: &Arc<Manager>) -> Option<Arc<Reclaim>> {
-        let cfg = mgr.config().reclaim.clone();
+    pub async fn start(
+        cfg: ReclaimConfig,
+        place: ReclaimPlace,
+        metrics: ReclaimMetrics,
+        view: Weak<dyn SandboxView>,
+    ) -> Option<Arc<Reclaim>> {
         if !cfg.enabled {
             return None;
         }
         let root = CgroupRoot::detect();
-        let mem = MemCgroups::new(&root, &mgr.config().cgroup_parent());
-        let dir = mgr.config().edge_dir().join("reclaim");
+        let parent = match SandboxesParent::new(&root, &place.cgroup_parent) {
+            Ok(p) => p,
+            Err(e) => {
+                tracing::error!(error = %e, "reclaim: the sandboxes' parent cgroup");
+                return None;
+            }
+        };
         let setup = {
             let cfg = cfg.clone();
-            let mem = mem.clone();
-            let root = root.clone();
-            let parent = mgr.config().cgroup_parent();
-            tokio::task::spawn_blocking(move || Self::setup(cfg, mem, dir, root, parent))
+            tokio::task::spawn_blocking(move || Self::setup(cfg, parent, place.state_dir, metrics))
         };
         let reclaim = match setup.await {
             Ok(r) => Arc::new(r),
@@ -202,7 +259,6 @@ impl Reclaim {
                 return None;
             }
         };
-        let weak: Weak<Manager> = Arc::downgrade(mgr);
         let me = reclaim.clone();
         let every = Duration::from_millis(cfg.interval_ms);
         let handle = tokio::spawn(async move {
@@ -210,8 +266,8 @@ impl Reclaim {
             tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
             loop {
                 tick.tick().await;
-                let Some(m) = weak.upgrade() else { return };
-                me.tick(&m).await;
+                let Some(v) = view.upgrade() else { return };
+                me.tick(&v).await;
             }
         });
         *lock(&reclaim.task) = Some(handle);
@@ -220,10 +276,9 @@ impl Reclaim {
 
     fn setup(
         cfg: ReclaimConfig,
-        mem: MemCgroups,
+        parent: SandboxesParent,
         dir: PathBuf,
-        root: CgroupRoot,
-        parent: String,
+        metrics: ReclaimMetrics,
     ) -> Reclaim {
         let zram_host = zram::ZramHost::default();
         let zram_marker = dir.join("zram.json");
@@ -246,12 +301,12 @@ impl Reclaim {
         } else {
             None
         };
-        if let Err(e) = mem.prepare_parent() {
+        if let Err(e) = parent.prepare() {
             tracing::warn!(error = %e, "reclaim: prepare the sandboxes' parent cgroup");
         }
         let mut budget_set = false;
         if cfg.node_memory_budget_mb > 0 {
-            match mem.set_budget(Some(cfg.node_memory_budget_mb << 20)) {
+            match parent.set_budget(Some(cfg.node_memory_budget_mb << 20)) {
                 Ok(()) => budget_set = true,
                 Err(e) => tracing::warn!(error = %e, "reclaim: enforce the node memory budget"),
             }
@@ -283,9 +338,8 @@ impl Reclaim {
         );
         Reclaim {
             cfg,
-            mem,
-            root,
             parent,
+            metrics,
             zram_host,
             zram_marker,
             zram,
@@ -308,11 +362,14 @@ impl Reclaim {
     }
 
     /// One policy round.
-    pub async fn tick(self: &Arc<Self>, mgr: &Arc<Manager>) {
-        let views = mgr.reclaim_views();
+    pub async fn tick(self: &Arc<Self>, view: &Arc<dyn SandboxView>) {
         let me = self.clone();
-        let m = mgr.clone();
-        let pause = tokio::task::spawn_blocking(move || me.round(&m, views)).await;
+        let v = view.clone();
+        let pause = tokio::task::spawn_blocking(move || {
+            let sandboxes = ReclaimView::of(&*v);
+            me.round(&*v, sandboxes)
+        })
+        .await;
         let pause = match pause {
             Ok(p) => p,
             Err(e) => {
@@ -322,9 +379,9 @@ impl Reclaim {
         };
         if let Some((id, reason)) = pause {
             tracing::warn!(sandbox = %id, %reason, "memory pressure: pausing best-effort sandbox");
-            match mgr.pause_for_pressure(&id, &reason).await {
-                Ok(()) => mgr
-                    .metrics()
+            match view.pause_for_pressure(&id, &reason).await {
+                Ok(()) => self
+                    .metrics
                     .memory_pressure_actions
                     .with_label_values(&["pause"])
                     .inc(),
@@ -334,7 +391,7 @@ impl Reclaim {
     }
 
     /// The blocking part of a round; returns a sandbox to pause and why.
-    fn round(&self, mgr: &Manager, views: Vec<ReclaimView>) -> Option<(String, String)> {
+    fn round(&self, view: &dyn SandboxView, views: Vec<ReclaimView>) -> Option<(String, String)> {
         let now = now_ms();
         let mut inner = lock(&self.inner);
         // Forget sandboxes that are gone.
@@ -347,8 +404,8 @@ impl Reclaim {
             .collect();
         for id in gone {
             inner.tracks.remove(&id);
-            let _ = mgr
-                .metrics()
+            let _ = self
+                .metrics
                 .reclaimed_bytes
                 .remove_label_values(&[&id, self.mechanism]);
         }
@@ -357,10 +414,13 @@ impl Reclaim {
         for v in &views {
             let t = inner.tracks.entry(v.id.clone()).or_default();
             if t.qos_applied != Some(v.qos) {
-                match self
-                    .mem
-                    .apply_swap_policy(&v.id, v.qos, self.cfg.best_effort_swappiness)
-                {
+                let policy = match v.qos {
+                    QosClass::LatencySensitive => SwapPolicy::Never,
+                    QosClass::BestEffort => SwapPolicy::First {
+                        swappiness: self.cfg.best_effort_swappiness,
+                    },
+                };
+                match v.cgroup.set_swap_policy(policy) {
                     Ok(()) => t.qos_applied = Some(v.qos),
                     Err(e) => {
                         tracing::debug!(sandbox = %v.id, error = %e, "apply swap policy")
@@ -374,7 +434,7 @@ impl Reclaim {
             .collect();
         // Cold memory.
         if let Some(d) = &self.damon {
-            let memcgs: Vec<String> = be.iter().map(|v| self.mem.memcg_path(&v.id)).collect();
+            let memcgs: Vec<String> = be.iter().map(|v| v.cgroup.memcg_path()).collect();
             if memcgs != inner.damon_memcgs {
                 match d.apply(&memcgs) {
                     Ok(()) => inner.damon_memcgs = memcgs,
@@ -382,10 +442,10 @@ impl Reclaim {
                 }
             }
             for v in &be {
-                let swap = self.mem.figures(&v.id).swap;
+                let swap = v.cgroup.memory_stat().swap;
                 let t = inner.tracks.entry(v.id.clone()).or_default();
                 if swap > t.swap_seen {
-                    mgr.metrics()
+                    self.metrics
                         .reclaimed_bytes
                         .with_label_values(&[&v.id, "damon"])
                         .inc_by(swap - t.swap_seen);
@@ -396,7 +456,7 @@ impl Reclaim {
             let cold_ms = self.cfg.cold_s.saturating_mul(1000);
             for v in be.iter().filter(|v| v.state == SandboxState::Running) {
                 let t = inner.tracks.entry(v.id.clone()).or_default();
-                self.note_cpu(&v.id, t, now);
+                note_cpu(&v.cgroup, t, now);
             }
             let mut todo: Vec<(&ReclaimView, String)> = Vec::new();
             for v in &be {
@@ -411,7 +471,7 @@ impl Reclaim {
                                 >= cold_ms
                             && now.saturating_sub(t.last_reclaim_ms) >= cold_ms =>
                     {
-                        let grown = self.mem.figures(&v.id).working_set()
+                        let grown = v.cgroup.memory_stat().working_set()
                             > t.resident_after.saturating_add(4 << 20);
                         if t.last_reclaim_ms != 0
                             && t.reclaimed_state == Some(SandboxState::Running)
@@ -431,19 +491,21 @@ impl Reclaim {
             // Paused sandboxes first.
             todo.sort_by_key(|(v, _)| v.state != SandboxState::Paused);
             for (v, reason) in todo {
-                self.reclaim_one(mgr, &mut inner, v, &reason, now);
+                self.reclaim_one(view, &mut inner, v, &reason, now);
             }
         }
         // Node pressure.
-        let parent = self.mem.figures_of(&self.mem.parent_dir);
+        let parent = self.parent.memory_stat();
         let psi = self
-            .mem
-            .parent_psi_some_avg10()
-            .or_else(|| pressure::host_psi().map(|p| p.some_avg10));
+            .parent
+            .pressure_text()
+            .and_then(|t| pressure::parse_psi(&t))
+            .or_else(pressure::host_psi)
+            .map(|p| p.some_avg10);
         let input = pressure::PressureInput {
             working_set: parent.working_set(),
             budget: if self.budget_set {
-                self.mem.budget()
+                self.parent.budget()
             } else {
                 None
             },
@@ -462,13 +524,13 @@ impl Reclaim {
         ordered.sort_by_key(|v| v.state != SandboxState::Paused);
         if !ordered.is_empty() {
             tracing::warn!(%reason, sandboxes = ordered.len(), "memory pressure: reclaiming best-effort sandboxes");
-            mgr.metrics()
+            self.metrics
                 .memory_pressure_actions
                 .with_label_values(&["reclaim"])
                 .inc();
         }
         for v in &ordered {
-            self.reclaim_one(mgr, &mut inner, v, &reason, now);
+            self.reclaim_one(view, &mut inner, v, &reason, now);
         }
         if step != pressure::Step::ReclaimAndPause || !self.cfg.pause_on_pressure {
             return None;
@@ -476,7 +538,7 @@ impl Reclaim {
         // The largest running best-effort sandbox.
         be.iter()
             .filter(|v| v.state == SandboxState::Running)
-            .map(|v| (self.mem.figures(&v.id).usage, v))
+            .map(|v| (v.cgroup.memory_stat().usage, v))
             .max_by_key(|(u, _)| *u)
             .map(|(_, v)| {
                 (
@@ -506,31 +568,17 @@ impl Reclaim {
         inner.zram_full = full;
     }
 
-    /// Samples a sandbox's CPU time; marks it active when it used more than
-    /// [`ACTIVE_CPU_PERCENT`] of a core since the last sample.
-    fn note_cpu(&self, id: &str, t: &mut Track, now: u64) {
-        let Ok(cg) = dsec_runtime::cgroup::Cgroup::open(&self.root, &self.parent, id) else {
-            return;
-        };
-        let Ok(ns) = cg.cpu_usage_ns() else { return };
-        if t.cpu_seen_ms != 0 && cpu_active(t.cpu_ns_seen, ns, t.cpu_seen_ms, now) {
-            t.cpu_active_ms = now;
-        }
-        t.cpu_ns_seen = ns;
-        t.cpu_seen_ms = now;
-    }
-
     fn reclaim_one(
         &self,
-        mgr: &Manager,
+        view: &dyn SandboxView,
         inner: &mut Inner,
         v: &ReclaimView,
         reason: &str,
         now: u64,
     ) {
-        let before = self.mem.figures(&v.id);
-        let result = self.mem.reclaim(&v.id);
-        let after = self.mem.figures(&v.id);
+        let before = v.cgroup.memory_stat();
+        let result = v.cgroup.reclaim_memory();
+        let after = v.cgroup.memory_stat();
         let t = inner.tracks.entry(v.id.clone()).or_default();
         t.last_reclaim_ms = now;
         t.resident_after = after.working_set();
@@ -538,19 +586,29 @@ impl Reclaim {
         let request =
             json!({ "reason": reason, "mechanism": self.mechanism, "zram": self.zram.is_some() });
         match result {
-            Ok(method) => {
+            Ok(r) => {
+                let method = match r.file {
+                    dsec_runtime::cgroup::memory::ReclaimFile::ForceEmpty => {
+                        "cgroup-v1-force_empty"
+                    }
+                    dsec_runtime::cgroup::memory::ReclaimFile::Reclaim => {
+                        "cgroup-v2-memory.reclaim"
+                    }
+                };
+                let partial = r.result == Reclaimed::Partial;
                 let freed = before.usage.saturating_sub(after.usage);
-                mgr.metrics()
+                self.metrics
                     .reclaimed_bytes
                     .with_label_values(&[&v.id, self.mechanism])
                     .inc_by(freed);
-                tracing::info!(sandbox = %v.id, %reason, method, before_mb = mib(before.usage), after_mb = mib(after.usage), swap_mb = mib(after.swap), "reclaimed sandbox memory");
-                mgr.trajectory().note(
+                tracing::info!(sandbox = %v.id, %reason, method, partial, before_mb = mib(before.usage), after_mb = mib(after.usage), swap_mb = mib(after.swap), "reclaimed sandbox memory");
+                view.note(
                     &v.id,
                     "reclaim",
                     request,
                     Ok(json!({
                         "method": method,
+                        "partial": partial,
                         "usage_before_bytes": before.usage,
                         "usage_after_bytes": after.usage,
                         "anon_after_bytes": after.anon,
@@ -560,8 +618,7 @@ impl Reclaim {
             }
             Err(e) => {
                 tracing::warn!(sandbox = %v.id, error = %e, "reclaim sandbox memory");
-                let err = crate::error::EdgeError::internal("reclaim", &e);
-                mgr.trajectory().note(&v.id, "reclaim", request, Err(&err));
+                view.note(&v.id, "reclaim", request, Err(&e));
             }
         }
     }
@@ -586,7 +643,7 @@ impl Reclaim {
             }
         }
         if self.budget_set {
-            if let Err(e) = self.mem.set_budget(None) {
+            if let Err(e) = self.parent.set_budget(None) {
                 tracing::warn!(error = %e, "reclaim: lift the node memory budget");
             }
         }
@@ -596,6 +653,17 @@ impl Reclaim {
             Err(e) => tracing::warn!(error = %e, "reclaim: remove the zram swap tier"),
         }
     }
+}
+
+/// Samples a sandbox's CPU time; marks it active when it used more than
+/// [`ACTIVE_CPU_PERCENT`] of a core since the last sample.
+fn note_cpu(cg: &Cgroup, t: &mut Track, now: u64) {
+    let Ok(ns) = cg.cpu_usage_ns() else { return };
+    if t.cpu_seen_ms != 0 && cpu_active(t.cpu_ns_seen, ns, t.cpu_seen_ms, now) {
+        t.cpu_active_ms = now;
+    }
+    t.cpu_ns_seen = ns;
+    t.cpu_seen_ms = now;
 }
 
 /// True when CPU time grew from `ns0` to `ns1` by more than [`ACTIVE_CPU_PERCENT`] of the wall
@@ -627,7 +695,7 @@ mod tests {
             mechanism: "magic".into(),
             ..Default::default()
         };
-        assert!(bad.validate().unwrap_err().contains("mechanism"));
+        assert_eq!(bad.validate().unwrap_err().key, "reclaim.mechanism");
         let bad = ReclaimConfig {
             pressure_high_ratio: 1.5,
             ..Default::default()
