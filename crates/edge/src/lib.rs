@@ -12,7 +12,8 @@
 //! one place with business logic), [`records`] (persisted sandbox records), [`commands`],
 //! [`files`], [`tty`] (API ↔ aether protocol translation), [`http`] (routes, one file per
 //! resource), [`error`] (the one place errors become HTTP codes), [`metrics`], [`substrate`]
-//! (object-safe adapter over `dsec_runtime` substrates).
+//! (the registry of `dsec_runtime` substrates, keyed by
+//! name; the manager asks their capabilities instead of branching on the kind).
 //!
 //! # Restart after a crash
 //!
@@ -29,19 +30,17 @@ pub mod config;
 pub mod disk;
 pub mod error;
 pub mod files;
-pub mod fullvm;
 pub mod function;
 pub mod http;
 pub mod manager;
 pub mod metrics;
-pub mod microvm;
 pub mod network;
 pub mod pack;
 pub mod qos;
 pub mod reclaim;
 pub mod records;
 pub mod simulated;
-pub mod substrate;
+pub mod substrates;
 pub mod trajectory;
 pub mod ttl;
 pub mod tty;
@@ -50,14 +49,15 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use dsec_image::ImageStore;
-use dsec_runtime::container::{ContainerConfig, ContainerSubstrate};
+use dsec_runtime::container::substrate::ContainerDriver;
+use dsec_runtime::substrate::OpenContext;
 
 pub use config::EdgeConfig;
 pub use error::EdgeError;
 pub use manager::Manager;
 
 use crate::metrics::Metrics;
-use crate::substrate::{ContainerDriver, Driver};
+use crate::substrates::Substrates;
 
 /// Why the edge could not start.
 #[derive(Debug, thiserror::Error)]
@@ -107,19 +107,29 @@ impl Edge {
                     .join(", "),
             )
         })?;
-        let substrate = ContainerSubstrate::new(ContainerConfig {
+        let ctx = OpenContext {
             aether_path,
             cgroup_parent: config.cgroup_parent(),
             shm_mb: config.shm_mb,
-        })
-        .with_reattach_grace(config.reattach_grace_ms);
+            reattach_grace_ms: config.reattach_grace_ms,
+            edge_dir: config.edge_dir(),
+            data_dir: config.data_dir.clone(),
+            blob_dirs: Vec::new(),
+        };
+        // The function-call workers share the container substrate (and its pool of network
+        // namespaces), without the reattach grace.
+        let substrate = ContainerDriver::configured(&ctx);
         let fn_substrate = substrate.clone().with_reattach_grace(0);
-        let vm_aether = substrate.config().aether_path.clone();
-        let mut edge = Self::start_inner(
-            config,
-            Arc::new(ContainerDriver::new(substrate)),
-            Some(vm_aether),
-        )
+        let container = Arc::new(ContainerDriver::new(substrate));
+        let mut edge = Self::start_with_substrates(config, move |node_id, images| {
+            let ctx = OpenContext {
+                blob_dirs: substrates::blob_dir_of(&images.blob_store())
+                    .into_iter()
+                    .collect(),
+                ..ctx
+            };
+            Substrates::open(node_id, &ctx, vec![container])
+        })
         .await?;
         edge.reclaim = reclaim::Reclaim::start(&edge.manager).await;
         if edge.cfg.functions.enabled {
@@ -134,22 +144,13 @@ impl Edge {
         Ok(edge)
     }
 
-    /// Starts an edge on any substrate driver: opens the image store, reaps what a crashed
-    /// earlier run left behind, cleans stale mounts and makes sure `busybox` exists.
-    pub async fn start_with_driver(
+    /// Starts an edge on the substrates `substrates` opens (given the node id and the image
+    /// store): opens the image store, reaps what a crashed earlier run left behind, cleans
+    /// stale mounts and makes sure `busybox` exists. Every substrate is opened before
+    /// [`Manager::recover`] runs, so paused VMs are re-adopted by their own substrate.
+    pub async fn start_with_substrates(
         config: EdgeConfig,
-        driver: Arc<dyn Driver>,
-    ) -> Result<Edge, StartEdgeError> {
-        Self::start_inner(config, driver, None).await
-    }
-
-    /// [`Edge::start_with_driver`], plus the microVM and full-VM drivers when `vm_aether` (the
-    /// aether binary the guests run) is given: they are set before [`Manager::recover`] runs,
-    /// so paused VMs are re-adopted by their own driver.
-    async fn start_inner(
-        config: EdgeConfig,
-        driver: Arc<dyn Driver>,
-        vm_aether: Option<PathBuf>,
+        substrates: impl FnOnce(&str, &ImageStore) -> Substrates,
     ) -> Result<Edge, StartEdgeError> {
         config.validate()?;
         for dir in [
@@ -172,15 +173,13 @@ impl Edge {
         )?);
         let cfg = Arc::new(config);
         let metrics = Arc::new(Metrics::new(&cfg.node_id));
-        let manager = Arc::new(Manager::new(cfg.clone(), driver, images.clone(), metrics));
-        if let Some(aether) = vm_aether {
-            manager.set_microvm_driver(microvm::driver(
-                aether,
-                &images.blob_store(),
-                &cfg.edge_dir(),
-            ));
-            manager.set_fullvm_driver(fullvm::driver());
-        }
+        let substrates = substrates(&cfg.node_id, &images);
+        let manager = Arc::new(Manager::new(
+            cfg.clone(),
+            substrates,
+            images.clone(),
+            metrics,
+        ));
         // Stale host mounts first: re-adopted sandboxes re-take fresh leases (their own overlays
         // keep private references to the layers they were built on).
         images.cleanup_stale_mounts()?;

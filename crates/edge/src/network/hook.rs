@@ -4,6 +4,7 @@
 use std::path::Path;
 use std::sync::Arc;
 
+use dsec_runtime::substrate::{Capabilities, DiskLimit};
 use dsec_wire::api::{CreateSandboxRequest, NetworkMode, NetworkSpec};
 use serde::{Deserialize, Serialize};
 
@@ -42,6 +43,7 @@ pub async fn prepare(
     id: &str,
     dir: &Path,
     req: &CreateSandboxRequest,
+    caps: &Capabilities,
 ) -> Result<Extras, EdgeError> {
     let policy = net.policy_for(req.network.as_ref(), &req.network_rules)?;
     for p in &req.protected_paths {
@@ -65,8 +67,8 @@ pub async fn prepare(
         )));
     }
     // A VM's writable layer is its own disk image, sized from the same limit by the substrate;
-    // the host-side loop file system is for containers only.
-    if disk_mb > 0 && req.substrate == dsec_wire::api::Substrate::Container {
+    // the host-side loop file system is for substrates that ask for it (containers).
+    if disk_mb > 0 && caps.disk_limit == DiskLimit::HostFileSystem {
         let d = dir.to_path_buf();
         let bps = cfg.disk_bps_limit_mb.saturating_mul(1 << 20);
         tokio::task::spawn_blocking(move || crate::disk::prepare(&d, disk_mb, bps))
