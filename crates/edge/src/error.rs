@@ -11,7 +11,7 @@ use dsec_functions::FunctionError;
 use dsec_image::ImageError;
 use dsec_network::NetError;
 use dsec_runtime::aether_client::ChannelError;
-use dsec_runtime::substrate::CreateSandboxError;
+use dsec_runtime::substrate::{CreateSandboxError, ResolveImageError};
 use dsec_trajectory::{CallError, TrajectoryError};
 use dsec_wire::aether::{AetherError, AetherErrorKind};
 use dsec_wire::api::{codes, limits, status_for_code, ErrorBody, ErrorDetail};
@@ -203,6 +203,14 @@ impl EdgeError {
                 EdgeError::BadRequest(format!("invalid sandbox spec: {m}"))
             }
             other => EdgeError::internal("create sandbox", &other),
+        }
+    }
+
+    /// Maps a disk image lookup error (a malformed name is the user's; a missing image too).
+    pub fn from_resolve_image(err: ResolveImageError) -> Self {
+        match err {
+            ResolveImageError::InvalidName(m) => EdgeError::BadRequest(m),
+            ResolveImageError::NotFound(m) => EdgeError::ImageNotFound(m),
         }
     }
 }

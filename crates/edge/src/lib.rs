@@ -12,7 +12,8 @@
 //! one place with business logic), [`records`] (persisted sandbox records), [`commands`],
 //! [`files`], [`tty`] (API ↔ aether protocol translation), [`http`] (routes, one file per
 //! resource), [`error`] (the one place errors become HTTP codes), [`metrics`], [`substrate`]
-//! (object-safe adapter over `dsec_runtime` substrates), [`network`] (when the lifecycle
+//! (the registry of `dsec_runtime` substrates, keyed by name; the manager asks their
+//! capabilities instead of branching on the kind), [`network`] (when the lifecycle
 //! attaches, waits for and releases a sandbox's network; the networking itself is the
 //! `dsec_network` crate).
 //!
@@ -30,15 +31,13 @@ pub mod commands;
 pub mod config;
 pub mod error;
 pub mod files;
-pub mod fullvm;
 pub mod http;
 pub mod manager;
 pub mod metrics;
-pub mod microvm;
 pub mod network;
 pub mod pack;
 pub mod records;
-pub mod substrate;
+pub mod substrates;
 pub mod trajectory;
 pub mod ttl;
 pub mod tty;
@@ -48,14 +47,23 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use dsec_image::ImageStore;
-use dsec_runtime::container::{ContainerConfig, ContainerSubstrate};
+use dsec_runtime::container::substrate::ContainerDriver;
+use dsec_runtime::substrate::OpenContext;
 
 pub use config::EdgeConfig;
 pub use error::EdgeError;
 pub use manager::Manager;
 
 use crate::metrics::Metrics;
-use crate::substrate::{ContainerDriver, Driver};
+use crate::substrates::Substrates;
+
+/// The node's cache directory (`${DSEC_CACHE:-/var/cache/dsec}`): guest kernels, built VM
+/// disk images.
+fn cache_dir() -> PathBuf {
+    std::env::var_os("DSEC_CACHE")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from("/var/cache/dsec"))
+}
 
 /// Why the edge could not start.
 #[derive(Debug, thiserror::Error)]
@@ -105,20 +113,37 @@ impl Edge {
                     .join(", "),
             )
         })?;
-        let substrate = ContainerSubstrate::new(ContainerConfig {
+        let ctx = OpenContext {
             aether_path,
             cgroup_parent: config.cgroup_parent(),
             shm_mb: config.shm_mb,
-        })
-        .with_reattach_grace(config.reattach_grace_ms)
-        .with_disk_bps_limit(config.disk_bps_limit_mb.saturating_mul(1 << 20));
+            reattach_grace_ms: config.reattach_grace_ms,
+            edge_dir: config.edge_dir(),
+            data_dir: config.data_dir.clone(),
+            cache_dir: cache_dir(),
+            disk_bps_limit: config.disk_bps_limit_mb.saturating_mul(1 << 20),
+            ..OpenContext::default()
+        };
+        // The function-call workers share the container substrate (and its pool of network
+        // namespaces), without the reattach grace.
+        let substrate = ContainerDriver::configured(&ctx);
         let fn_substrate = substrate.clone().with_reattach_grace(0);
-        let vm_aether = substrate.config().aether_path.clone();
-        let mut edge = Self::start_inner(
-            config,
-            Arc::new(ContainerDriver::new(substrate)),
-            Some(vm_aether),
-        )
+        let container = Arc::new(ContainerDriver::new(substrate));
+        let mut edge = Self::start_with_substrates(config, move |cfg, images| {
+            // The VM substrates' typed configuration, from `[edge.microvm]` and `[edge.vm]`
+            // (validated with the rest of the config); a guest reads blobs from the store.
+            let edge_dir = cfg.edge_dir();
+            let ctx = OpenContext {
+                microvm: cfg
+                    .microvm
+                    .runtime_config(ctx.aether_path.clone(), images.blob_dir().into_iter().collect())
+                    .map(|c| (c, cfg.microvm.template_config(&edge_dir.join("microvm-templates"))))
+                    .map_err(|e| e.to_string()),
+                vm: cfg.vm.runtime_config(&cfg.microvm).map_err(|e| e.to_string()),
+                ..ctx
+            };
+            Substrates::open(&cfg.node_id, &ctx, vec![container])
+        })
         .await?;
         edge.reclaim = edge.manager.start_reclaim().await;
         if edge.cfg.functions.enabled {
@@ -133,22 +158,13 @@ impl Edge {
         Ok(edge)
     }
 
-    /// Starts an edge on any substrate driver: opens the image store, reaps what a crashed
-    /// earlier run left behind, cleans stale mounts and makes sure `busybox` exists.
-    pub async fn start_with_driver(
+    /// Starts an edge on the substrates `substrates` opens (given the node id and the image
+    /// store): opens the image store, reaps what a crashed earlier run left behind, cleans
+    /// stale mounts and makes sure `busybox` exists. Every substrate is opened before
+    /// [`Manager::recover`] runs, so paused VMs are re-adopted by their own substrate.
+    pub async fn start_with_substrates(
         config: EdgeConfig,
-        driver: Arc<dyn Driver>,
-    ) -> Result<Edge, StartEdgeError> {
-        Self::start_inner(config, driver, None).await
-    }
-
-    /// [`Edge::start_with_driver`], plus the microVM and full-VM drivers when `vm_aether` (the
-    /// aether binary the guests run) is given: they are set before [`Manager::recover`] runs,
-    /// so paused VMs are re-adopted by their own driver.
-    async fn start_inner(
-        config: EdgeConfig,
-        driver: Arc<dyn Driver>,
-        vm_aether: Option<PathBuf>,
+        substrates: impl FnOnce(&EdgeConfig, &ImageStore) -> Substrates,
     ) -> Result<Edge, StartEdgeError> {
         config.validate()?;
         for dir in [
@@ -171,16 +187,13 @@ impl Edge {
         )?);
         let cfg = Arc::new(config);
         let metrics = Arc::new(Metrics::new(&cfg.node_id));
-        let manager = Arc::new(Manager::new(cfg.clone(), driver, images.clone(), metrics));
-        if let Some(aether) = vm_aether {
-            manager.set_microvm_driver(microvm::driver(
-                aether,
-                images.blob_dir(),
-                &cfg.edge_dir(),
-                &cfg.microvm,
-            ));
-            manager.set_fullvm_driver(fullvm::driver(&cfg.microvm, &cfg.vm));
-        }
+        let substrates = substrates(&cfg, &images);
+        let manager = Arc::new(Manager::new(
+            cfg.clone(),
+            substrates,
+            images.clone(),
+            metrics,
+        ));
         // Stale host mounts first: re-adopted sandboxes re-take fresh leases (their own overlays
         // keep private references to the layers they were built on).
         images.cleanup_stale_mounts()?;

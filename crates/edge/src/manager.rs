@@ -17,7 +17,7 @@ use std::time::Instant;
 use bytes::Bytes;
 use dsec_image::{ImageLease, ImageStore};
 use dsec_runtime::aether_client::AetherClient;
-use dsec_runtime::substrate::SandboxSpec;
+use dsec_runtime::substrate::{CreateOptions, ImageSource, LiveSandbox, SandboxSpec};
 use dsec_wire::aether::Request;
 use dsec_wire::api::{
     CreateSandboxRequest, ErrorDetail, ExecRequest, FileInfo, FileList, ImageInfo, ImageList,
@@ -34,7 +34,7 @@ use crate::error::{EdgeError, Subject};
 use crate::files::{self, Download};
 use crate::metrics::Metrics;
 use crate::records::{self, SandboxRecord};
-use crate::substrate::{Driver, LiveSandbox};
+use crate::substrates::Substrates;
 
 /// Limits of a create request after defaults were applied.
 #[derive(Debug, Clone, PartialEq)]
@@ -116,24 +116,23 @@ fn check_map(
     Ok(())
 }
 
-/// Validates a create request against the node's configuration (pure; no admission).
+/// Validates a create request against the node's configuration and the substrate it asks
+/// for (pure; no admission).
 pub fn validate_create(
     cfg: &EdgeConfig,
+    substrates: &Substrates,
     req: &CreateSandboxRequest,
 ) -> Result<Validated, EdgeError> {
-    if !matches!(
-        req.substrate,
-        Substrate::Container | Substrate::Microvm | Substrate::Vm
-    ) {
-        return Err(EdgeError::Unsupported(format!(
-            "substrate {:?} is not supported on node {}: this edge runs `container`, `microvm` and `vm` sandboxes only",
-            req.substrate, cfg.node_id
-        )));
-    }
-    let image = if req.substrate == Substrate::Vm {
-        crate::fullvm::check_request(req)?
-    } else {
-        dsec_image::canonical_name(&req.image).map_err(EdgeError::from_image)?
+    let substrate = substrates.get(req.substrate)?;
+    substrate
+        .check_request(req)
+        .map_err(|e| EdgeError::BadRequest(e.0))?;
+    let image = match substrate.capabilities().image_source {
+        ImageSource::Layers => {
+            dsec_image::canonical_name(&req.image).map_err(EdgeError::from_image)?
+        }
+        // Checked by the substrate; resolved to its file when the sandbox is built.
+        ImageSource::DiskImage => req.image.clone(),
     };
     let workspace = match &req.workspace {
         Some(w) => Some(dsec_image::canonical_name(w).map_err(EdgeError::from_image)?),
@@ -373,17 +372,14 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 /// The sandbox manager of one node.
 pub struct Manager {
     cfg: Arc<EdgeConfig>,
-    driver: Arc<dyn Driver>,
+    /// The substrates of this node, by name.
+    substrates: Substrates,
     images: Arc<ImageStore>,
     metrics: Arc<Metrics>,
     state: Mutex<State>,
     shutting_down: AtomicBool,
     traj: Arc<crate::trajectory::Trajectories>,
     net: Arc<dsec_network::Network>,
-    /// The microVM driver, or why this node has none (see [`crate::microvm::driver`]).
-    microvm: std::sync::OnceLock<Result<Arc<dyn Driver>, String>>,
-    /// The full-VM driver, or why this node has none (see [`crate::fullvm::driver`]).
-    fullvm: std::sync::OnceLock<Result<Arc<dyn Driver>, String>>,
     /// QoS capabilities and admission books (issue 10).
     qos: Arc<dsec_node::qos::Qos>,
     /// `cfg` as admission sees it: see [`Manager::admission_cfg`].
@@ -397,7 +393,7 @@ const MACHINE_TOTALS_TTL: std::time::Duration = std::time::Duration::from_secs(1
 impl Manager {
     pub fn new(
         cfg: Arc<EdgeConfig>,
-        driver: Arc<dyn Driver>,
+        substrates: Substrates,
         images: Arc<ImageStore>,
         metrics: Arc<Metrics>,
     ) -> Self {
@@ -411,59 +407,37 @@ impl Manager {
             net: dsec_network::Network::new(cfg.network.clone()),
             admission_cfg: Mutex::new((None, cfg.clone())),
             cfg,
-            driver,
+            substrates,
             images,
             metrics,
             state: Mutex::new(State::default()),
             shutting_down: AtomicBool::new(false),
-            microvm: std::sync::OnceLock::new(),
-            fullvm: std::sync::OnceLock::new(),
             qos,
         }
     }
 
-    /// Sets the microVM driver (or the reason there is none); once, at start.
-    pub fn set_microvm_driver(&self, driver: Result<Arc<dyn Driver>, String>) {
-        let _ = self.microvm.set(driver);
+    /// What `kind`'s substrate keeps to start sandboxes faster (`GET
+    /// /edge/v1/microvm/templates`).
+    pub fn templates(&self, kind: Substrate) -> Result<serde_json::Value, EdgeError> {
+        self.substrates
+            .get(kind)?
+            .templates()
+            .ok_or_else(|| self.no_templates(kind))
     }
 
-    /// The microVM templates of this edge (`GET /edge/v1/microvm/templates`).
-    pub fn microvm_templates(&self) -> Result<serde_json::Value, EdgeError> {
-        let d = self.driver_for(Substrate::Microvm)?;
-        d.templates()
-            .ok_or_else(|| EdgeError::Unsupported("microVM templates are off on this node".into()))
+    /// Removes those (`DELETE /edge/v1/microvm/templates`); how many.
+    pub fn remove_templates(&self, kind: Substrate) -> Result<usize, EdgeError> {
+        self.substrates
+            .get(kind)?
+            .remove_templates()
+            .ok_or_else(|| self.no_templates(kind))
     }
 
-    /// Removes the microVM templates (`DELETE /edge/v1/microvm/templates`); how many.
-    pub fn remove_microvm_templates(&self) -> Result<usize, EdgeError> {
-        let d = self.driver_for(Substrate::Microvm)?;
-        d.remove_templates()
-            .ok_or_else(|| EdgeError::Unsupported("microVM templates are off on this node".into()))
-    }
-
-    /// Sets the full-VM driver (or the reason there is none); once, at start.
-    pub fn set_fullvm_driver(&self, driver: Result<Arc<dyn Driver>, String>) {
-        let _ = self.fullvm.set(driver);
-    }
-
-    /// The driver for a validated create request's substrate.
-    fn driver_for(&self, substrate: Substrate) -> Result<Arc<dyn Driver>, EdgeError> {
-        let (slot, what) = match substrate {
-            Substrate::Vm => (&self.fullvm, "full-VM"),
-            Substrate::Microvm => (&self.microvm, "microVM"),
-            _ => return Ok(self.driver.clone()),
-        };
-        match slot.get() {
-            Some(Ok(d)) => Ok(d.clone()),
-            Some(Err(why)) => Err(EdgeError::Unsupported(format!(
-                "{what} sandboxes are not available on node {}: {why}",
-                self.cfg.node_id
-            ))),
-            None => Err(EdgeError::Unsupported(format!(
-                "{what} sandboxes are not available on node {}",
-                self.cfg.node_id
-            ))),
-        }
+    fn no_templates(&self, kind: Substrate) -> EdgeError {
+        EdgeError::Unsupported(format!(
+            "{} templates are off on this node",
+            self.substrates.label(kind)
+        ))
     }
 
     pub fn config(&self) -> &EdgeConfig {
@@ -494,7 +468,7 @@ impl Manager {
     /// Takes over what an earlier, crashed run of the edge left behind.
     ///
     /// For each record: if its aether is still alive (the pid is verified through a pidfd and
-    /// its cgroup), the substrate reconnects to it ([`Driver::adopt`]) and the sandbox is live
+    /// its cgroup), the substrate reconnects to it (`Substrate::adopt`) and the sandbox is live
     /// again with its sessions, its image lease and its recorded state (paused stays paused).
     /// Otherwise it is killed, its directory removed and a tombstone (state `failed`, with the
     /// reason) left so `GET` tells what happened. The substrate then reaps every cgroup no
@@ -522,9 +496,13 @@ impl Manager {
             let why = match &f.record {
                 Ok(rec)
                     if (rec.pid > 1 && rec.info.state != SandboxState::Creating)
-                        // A paused VM has no process, only its snapshot on disk.
-                        || (matches!(rec.info.substrate, Substrate::Microvm | Substrate::Vm)
-                            && rec.info.state == SandboxState::Paused) =>
+                        // A paused VM has no process, only its snapshot on disk (a substrate
+                        // this node lacks says so in the readopt's error).
+                        || (rec.info.state == SandboxState::Paused
+                            && self
+                                .substrates
+                                .capabilities(rec.info.substrate)
+                                .is_none_or(|c| c.pause_ends_process)) =>
                 {
                     match self.readopt(&f.id, &f.dir, rec).await {
                         Ok(()) => {
@@ -576,7 +554,10 @@ impl Manager {
             self.metrics.sandboxes_failed.inc();
             reaped.push(f.id);
         }
-        let by_substrate = self.driver.reap_orphans(adopted.clone()).await;
+        let mut by_substrate = Vec::new();
+        for s in self.substrates.available() {
+            by_substrate.extend(s.reap_orphans(adopted.clone()).await);
+        }
         crate::network::recover(&self.net, &self.cfg, &adopted).await;
         for id in by_substrate {
             tracing::warn!(sandbox = %id, "substrate reaped leftovers");
@@ -602,20 +583,22 @@ impl Manager {
         if !is_valid_sandbox_id(id) || rec.info.id != id {
             return Err(format!("record names sandbox {:?}", rec.info.id));
         }
-        // A full VM boots a disk image, not the layer store's image: no lease.
-        let lease = if rec.info.substrate == Substrate::Vm {
-            None
-        } else {
-            Some(
+        let substrate = self
+            .substrates
+            .get(rec.info.substrate)
+            .map_err(|e| e.to_string())?;
+        // A disk-image substrate (full VM) boots a disk image, not the layer store's image:
+        // no lease.
+        let lease = match substrate.capabilities().image_source {
+            ImageSource::DiskImage => None,
+            ImageSource::Layers => Some(
                 self.images
                     .acquire(&rec.image)
                     .await
                     .map_err(|e| format!("re-take image lease on {}: {e}", rec.image))?,
-            )
+            ),
         };
-        let sandbox = self
-            .driver_for(rec.info.substrate)
-            .map_err(|e| e.to_string())?
+        let sandbox = substrate
             .adopt(id.to_string(), dir.to_path_buf(), rec.pid)
             .await
             .map_err(|e| e.to_string())?;
@@ -692,7 +675,7 @@ impl Manager {
                 self.cfg.node_id
             )));
         }
-        let v = validate_create(&self.cfg, &req)?;
+        let v = validate_create(&self.cfg, &self.substrates, &req)?;
         let id = make_sandbox_id(&self.cfg.node_id, rand::random());
         if let Some(existing) = self.admit(&id, &v, req.idempotency_key.as_deref())? {
             return Ok(existing);
@@ -826,11 +809,17 @@ impl Manager {
         v: &Validated,
         started: Instant,
     ) -> Result<Arc<Entry>, EdgeError> {
-        let driver = self.driver_for(req.substrate)?;
+        let driver = self.substrates.get(req.substrate)?;
+        let caps = driver.capabilities();
         // A full VM boots a disk image, not the layer store's image: no lease.
-        let vm_disk = (req.substrate == Substrate::Vm)
-            .then(|| crate::fullvm::resolve_image(&self.cfg.data_dir, &v.image))
-            .transpose()?;
+        let vm_disk = match caps.image_source {
+            ImageSource::DiskImage => Some(
+                driver
+                    .resolve_disk_image(&v.image)
+                    .map_err(EdgeError::from_resolve_image)?,
+            ),
+            ImageSource::Layers => None,
+        };
         let lease = match vm_disk {
             Some(_) => None,
             None => Some(
@@ -882,7 +871,7 @@ impl Manager {
         // without one, which the recovery at start cleans up (its cgroup is reaped by name).
         // A plain container (no disk limit, whose `upper`/`work` would be links into a file
         // system of its own) gets a spare skeleton when there is one.
-        let reuse = req.substrate == Substrate::Container && disk_limit_mb.is_none();
+        let reuse = caps.early_teardown && disk_limit_mb.is_none();
         let spare = self.cfg.edge_dir().join(records::SPARE_DIR);
         if let Err(e) = records::make_sandbox_dir(&dir, &spare, reuse) {
             return Err(EdgeError::internal(
@@ -917,10 +906,10 @@ impl Manager {
         };
         // A best-effort agent starts SCHED_IDLE (the container's spawn sets it before the exec),
         // so no process of the sandbox ever runs as SCHED_OTHER; `apply_qos` below checks it.
-        let opts = crate::substrate::CreateOptions {
+        let opts = CreateOptions {
             sched_idle: matches!(v.qos, dsec_wire::api::QosClass::BestEffort),
         };
-        let sandbox = match driver.create_with(spec, opts).await {
+        let sandbox = match driver.create(spec, opts).await {
             Ok(s) => s,
             Err(e) => {
                 let err = EdgeError::from_create(e);
@@ -939,7 +928,7 @@ impl Manager {
         // QoS before the sandbox is handed out: no user command has run yet.
         let qos = sandbox.apply_qos(&self.qos.settings(v.qos));
         if let Ok(a) = &qos {
-            if opts.sched_idle && info.substrate == Substrate::Container && a.not_idle_before > 0 {
+            if opts.sched_idle && caps.sched_idle_at_spawn && a.not_idle_before > 0 {
                 tracing::warn!(
                     sandbox = %id,
                     tasks = a.not_idle_before,
@@ -1029,7 +1018,10 @@ impl Manager {
         // substrate then finds its subdirectories gone); VM drivers still use files in theirs
         // while they destroy, so theirs moves after.
         let trash = self.cfg.edge_dir().join(records::TRASH_DIR);
-        let early = lock(&entry.info).substrate == Substrate::Container;
+        let early = self
+            .substrates
+            .capabilities(lock(&entry.info).substrate)
+            .is_some_and(|c| c.early_teardown);
         let moved = early
             .then(|| records::move_to_trash(&entry.dir, &trash))
             .flatten();
@@ -1046,12 +1038,11 @@ impl Manager {
             // (released in the background), the emptied directory may serve the next container.
             Some(d) if problems.is_empty() => {
                 let spare = self.cfg.edge_dir().join(records::SPARE_DIR);
-                let id = entry.id.clone();
+                let entry = entry.clone();
                 records::recycle_in_background(d, spare, move || {
-                    dsec_runtime::container::mntns::wait_released(
-                        &id,
-                        std::time::Duration::from_secs(30),
-                    )
+                    entry
+                        .sandbox
+                        .wait_released(std::time::Duration::from_secs(30))
                 });
                 Ok(())
             }
@@ -1804,9 +1795,15 @@ impl Manager {
         req: dsec_wire::api::PackDiffRequest,
     ) -> Result<ImageInfo, EdgeError> {
         let entry = self.running(id)?;
-        if lock(&entry.info).substrate == Substrate::Vm {
+        let kind = lock(&entry.info).substrate;
+        if !self
+            .substrates
+            .capabilities(kind)
+            .is_some_and(|c| c.pack_diff)
+        {
             return Err(EdgeError::Unsupported(format!(
-                "sandbox {id}: pack_diff is not supported for full-VM sandboxes (their disk is a qcow2 overlay, not a layer)"
+                "sandbox {id}: pack_diff is not supported for {} sandboxes (their disk is not a layer of the image store)",
+                self.substrates.label(kind)
             )));
         }
         let (parent_images, parent_digests) = lock(&entry.lease)
@@ -1839,12 +1836,13 @@ impl Manager {
     pub fn remove_image(&self, name: &str) -> Result<(), EdgeError> {
         let name = dsec_image::canonical_name(name).map_err(EdgeError::from_image)?;
         self.images.remove(&name).map_err(EdgeError::from_image)?;
-        // Layer files may be gone: their microVM virtio-pmem copies too (in the background).
-        if let (Ok(d), Ok(rt)) = (
-            self.driver_for(Substrate::Microvm),
-            tokio::runtime::Handle::try_current(),
-        ) {
-            rt.spawn(async move { d.images_removed().await });
+        // Layer files may be gone: what substrates keep per layer file (the microVM's
+        // virtio-pmem copies) too, in the background.
+        if let Ok(rt) = tokio::runtime::Handle::try_current() {
+            for s in self.substrates.available() {
+                let s = s.clone();
+                rt.spawn(async move { s.images_removed().await });
+            }
         }
         Ok(())
     }
@@ -1865,10 +1863,7 @@ impl Manager {
             node: self.cfg.node_id.clone(),
             url: self.cfg.url(),
             healthy: !self.shutting_down.load(Ordering::Relaxed),
-            substrates: std::iter::once(self.driver.kind())
-                .chain(matches!(self.microvm.get(), Some(Ok(_))).then_some(Substrate::Microvm))
-                .chain(matches!(self.fullvm.get(), Some(Ok(_))).then_some(Substrate::Vm))
-                .collect(),
+            substrates: self.substrates.kinds(),
             sandboxes_running: running,
             sandboxes_paused: paused,
             capacity_sandboxes: self.cfg.capacity,
@@ -1898,8 +1893,8 @@ impl Manager {
         // background task ends with the process.
         let traj = self.traj.clone();
         let _ = tokio::task::spawn_blocking(move || traj.sync_all()).await;
-        if let Some(Ok(d)) = self.microvm.get() {
-            d.shutdown().await;
+        for s in self.substrates.available() {
+            s.shutdown().await;
         }
         self.net.shutdown().await;
         if !records::flush_retired(std::time::Duration::from_secs(30)).await {
@@ -1954,7 +1949,7 @@ impl crate::ttl::Reapable for Manager {
         Manager::ttl_views(self)
     }
 
-    fn stop_because<'a>(&'a self, id: &'a str, reason: String) -> crate::substrate::BoxFut<'a, ()> {
+    fn stop_because<'a>(&'a self, id: &'a str, reason: String) -> dsec_runtime::substrate::BoxFut<'a, ()> {
         Box::pin(Manager::stop_because(self, id, reason))
     }
 
@@ -1962,7 +1957,7 @@ impl crate::ttl::Reapable for Manager {
         &'a self,
         id: &'a str,
         seen_last_request_ms: u64,
-    ) -> crate::substrate::BoxFut<'a, ()> {
+    ) -> dsec_runtime::substrate::BoxFut<'a, ()> {
         Box::pin(Manager::pause_idle(self, id, seen_last_request_ms))
     }
 }
@@ -1984,6 +1979,11 @@ fn remove_dir(dir: &Path) -> std::io::Result<()> {
 mod tests {
     use super::*;
 
+    /// [`validate_create`] on a node that runs containers only.
+    fn validate(cfg: &EdgeConfig, req: &CreateSandboxRequest) -> Result<Validated, EdgeError> {
+        validate_create(cfg, &Substrates::only("n0", Arc::new(NoDriver)), req)
+    }
+
     fn req(image: &str) -> CreateSandboxRequest {
         CreateSandboxRequest {
             image: image.into(),
@@ -1994,7 +1994,7 @@ mod tests {
     #[test]
     fn defaults_applied() {
         let cfg = EdgeConfig::default();
-        let v = validate_create(&cfg, &req("busybox")).unwrap();
+        let v = validate(&cfg, &req("busybox")).unwrap();
         assert_eq!(v.image, "busybox:latest");
         assert_eq!(v.memory_mb, 1024);
         assert_eq!(v.cpu, 1.0);
@@ -2005,7 +2005,7 @@ mod tests {
     #[test]
     fn rejections() {
         let cfg = EdgeConfig::default();
-        let e = validate_create(
+        let e = validate(
             &cfg,
             &CreateSandboxRequest {
                 substrate: Substrate::Function,
@@ -2016,13 +2016,13 @@ mod tests {
         assert_eq!(e.status().as_u16(), 501);
         assert!(e.to_string().contains("container"));
         assert_eq!(
-            validate_create(&cfg, &req("Bad Name"))
+            validate(&cfg, &req("Bad Name"))
                 .unwrap_err()
                 .status()
                 .as_u16(),
             400
         );
-        let e = validate_create(
+        let e = validate(
             &cfg,
             &CreateSandboxRequest {
                 memory_limit_mb: Some(1 << 30),
@@ -2031,7 +2031,7 @@ mod tests {
         )
         .unwrap_err();
         assert!(e.to_string().contains("memory_limit_mb"));
-        let e = validate_create(
+        let e = validate(
             &cfg,
             &CreateSandboxRequest {
                 cpu_cores_limit: Some(f64::INFINITY),
@@ -2040,7 +2040,7 @@ mod tests {
         )
         .unwrap_err();
         assert!(e.to_string().contains("cpu_cores_limit"));
-        let e = validate_create(
+        let e = validate(
             &cfg,
             &CreateSandboxRequest {
                 pids_limit: Some(1),
@@ -2049,7 +2049,7 @@ mod tests {
         )
         .unwrap_err();
         assert!(e.to_string().contains("pids_limit"));
-        let e = validate_create(
+        let e = validate(
             &cfg,
             &CreateSandboxRequest {
                 init_user: Some("ro ot".into()),
@@ -2058,7 +2058,7 @@ mod tests {
         )
         .unwrap_err();
         assert!(e.to_string().contains("init_user"));
-        let e = validate_create(
+        let e = validate(
             &cfg,
             &CreateSandboxRequest {
                 hostname: Some("-bad".into()),
@@ -2067,7 +2067,7 @@ mod tests {
         )
         .unwrap_err();
         assert!(e.to_string().contains("hostname"));
-        let e = validate_create(
+        let e = validate(
             &cfg,
             &CreateSandboxRequest {
                 ttl_total: Some(0),
@@ -2094,27 +2094,25 @@ mod tests {
         }
     }
 
-    /// Admission is pure bookkeeping: a driver that must never be called is enough.
+    /// Admission is pure bookkeeping: a substrate that must never be called is enough.
     struct NoDriver;
 
-    impl Driver for NoDriver {
+    impl dsec_runtime::substrate::Substrate for NoDriver {
         fn kind(&self) -> Substrate {
             Substrate::Container
+        }
+        fn capabilities(&self) -> dsec_runtime::substrate::Capabilities {
+            dsec_runtime::container::substrate::CAPABILITIES
         }
         fn create(
             &self,
             _spec: SandboxSpec,
-        ) -> crate::substrate::BoxFut<
+            _opts: CreateOptions,
+        ) -> dsec_runtime::substrate::BoxFut<
             '_,
             Result<Box<dyn LiveSandbox>, dsec_runtime::substrate::CreateSandboxError>,
         > {
             unreachable!("admission tests do not create sandboxes")
-        }
-        fn reap_orphans(
-            &self,
-            _known_live: Vec<String>,
-        ) -> crate::substrate::BoxFut<'_, Vec<String>> {
-            Box::pin(async { Vec::new() })
         }
     }
 
@@ -2122,7 +2120,7 @@ mod tests {
         let images = Arc::new(ImageStore::open(dir.join("images")).unwrap());
         Manager::new(
             Arc::new(cfg),
-            Arc::new(NoDriver),
+            Substrates::only("n0", Arc::new(NoDriver)),
             images,
             Arc::new(Metrics::new("n0")),
         )

@@ -15,7 +15,7 @@ use dsec_image::ImageStore;
 use dsec_wire::api::{ImageInfo, PackDiffRequest};
 
 use crate::error::EdgeError;
-use crate::substrate::LiveSandbox;
+use dsec_runtime::substrate::LiveSandbox;
 
 /// Most paths one request may exclude.
 pub const MAX_EXCLUDES: usize = 256;

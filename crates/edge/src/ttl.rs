@@ -14,7 +14,7 @@ use std::time::Duration;
 use dsec_node::now_ms;
 use dsec_wire::api::{SandboxState, TtlAction};
 
-use crate::substrate::BoxFut;
+use dsec_runtime::substrate::BoxFut;
 
 /// What the TTL reaper sees of one sandbox.
 pub struct TtlView {

@@ -20,7 +20,7 @@ use dsec_image::{ImageLease, ImageStore};
 use dsec_runtime::aether_client::Call;
 use dsec_runtime::cgroup::{Cgroup, CgroupRoot, CgroupVersion};
 use dsec_runtime::container::{ContainerSandbox, ContainerSubstrate};
-use dsec_runtime::substrate::{Sandbox as _, SandboxSpec, Substrate as _};
+use dsec_runtime::substrate::SandboxSpec;
 use dsec_wire::aether::{Reply, Request, Stream};
 use serde::{Deserialize, Serialize};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};

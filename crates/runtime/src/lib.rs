@@ -1,6 +1,7 @@
 //! Sandbox substrates.
 //!
-//! * [`substrate`] — the [`substrate::Substrate`] trait every kind of sandbox implements.
+//! * [`substrate`] — the one substrate interface ([`substrate::Substrate`], [`substrate::LiveSandbox`],
+//!   [`substrate::Capabilities`]); each substrate implements it in its folder's `substrate.rs`.
 //! * [`aether_client`] — the edge's end of the aether protocol (multiplexed calls over a stream).
 //! * [`container`] — our own container runtime: clone into namespaces, cgroups, handing the
 //!   channel to aether (which builds the root inside the new mount namespace).

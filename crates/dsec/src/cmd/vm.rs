@@ -520,11 +520,11 @@ fn prepare(a: &PrepareArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
-// The same name rule as the edge that looks the images up.
-use dsec_edge::fullvm::valid_name;
+// The same name rule as the full-VM substrate that looks the images up.
+use dsec_runtime::fullvm::substrate::valid_name;
 
 fn images_dir(d: &VmDirArgs) -> PathBuf {
-    dsec_edge::fullvm::registered_dir(&d.data_dir)
+    dsec_runtime::fullvm::substrate::registered_dir(&d.data_dir)
 }
 
 fn import(a: &VmImportArgs) -> anyhow::Result<()> {

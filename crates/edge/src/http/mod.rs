@@ -12,6 +12,7 @@ mod pack;
 mod pause;
 mod sandboxes;
 mod status;
+mod templates;
 mod trajectory;
 mod tty;
 
@@ -91,7 +92,7 @@ pub fn router(mgr: Arc<Manager>, token: &str) -> Router {
         .route("/edge/v1/status", get(status::status))
         .route(
             "/edge/v1/microvm/templates",
-            get(crate::microvm::list_templates).delete(crate::microvm::remove_templates),
+            get(templates::list).delete(templates::remove),
         )
         .route_layer(middleware::from_fn_with_state(state.clone(), auth));
     let open = Router::new()

@@ -23,6 +23,7 @@ pub mod pause;
 pub mod pidfd;
 pub mod qos;
 pub mod spawn;
+pub mod substrate;
 
 use std::io;
 use std::os::fd::{AsFd, OwnedFd};
@@ -36,9 +37,7 @@ use tokio::sync::watch;
 
 use crate::aether_client::{AetherClient, ChannelError};
 use crate::cgroup::{Cgroup, CgroupRoot, Limits};
-use crate::substrate::{
-    CreateSandboxError, DestroySandboxError, Sandbox, SandboxSpec, Substrate, Usage,
-};
+use crate::substrate::{CreateSandboxError, DestroySandboxError, SandboxSpec, Usage};
 
 pub use pidfd::AetherExit;
 pub use spawn::SchedClass;
@@ -504,18 +503,14 @@ pub fn validate_spec(spec: &SandboxSpec) -> Result<(), CreateSandboxError> {
     Ok(())
 }
 
-impl Substrate for ContainerSubstrate {
-    type Sandbox = ContainerSandbox;
-
-    fn name(&self) -> &'static str {
-        "container"
-    }
-
-    async fn create(&self, spec: SandboxSpec) -> Result<ContainerSandbox, CreateSandboxError> {
+impl ContainerSubstrate {
+    /// Builds and starts a container; on error everything built so far is removed.
+    pub async fn create(&self, spec: SandboxSpec) -> Result<ContainerSandbox, CreateSandboxError> {
         self.create_with(spec, SchedClass::Inherit).await
     }
 
-    async fn destroy(&self, sb: &ContainerSandbox) -> Result<(), DestroySandboxError> {
+    /// Kills everything in the container and removes its cgroup and directories. Idempotent.
+    pub async fn destroy(&self, sb: &ContainerSandbox) -> Result<(), DestroySandboxError> {
         let p = &sb.process;
         let t0 = std::time::Instant::now();
         if sb.is_frozen() {
@@ -558,7 +553,9 @@ impl Substrate for ContainerSubstrate {
         Ok(())
     }
 
-    async fn reap_orphans(&self, known_live: &[String]) -> Vec<String> {
+    /// Removes the cgroups of sandboxes an earlier run of the edge left (after a crash) that
+    /// are not in `known_live`; returns the ids cleaned.
+    pub async fn reap_orphans(&self, known_live: &[String]) -> Vec<String> {
         let root = self.cgroup_root.clone();
         let parent = self.config.cgroup_parent.clone();
         let live: Vec<String> = known_live.to_vec();
@@ -674,20 +671,22 @@ impl ContainerSandbox {
     }
 }
 
-impl Sandbox for ContainerSandbox {
-    fn id(&self) -> &str {
+impl ContainerSandbox {
+    pub fn id(&self) -> &str {
         &self.id
     }
 
-    fn aether(&self) -> &AetherClient {
+    /// The channel to the container's aether.
+    pub fn aether(&self) -> &AetherClient {
         &self.client
     }
 
-    fn pid(&self) -> i32 {
+    /// Host pid of the container's aether.
+    pub fn pid(&self) -> i32 {
         self.process.pid
     }
 
-    fn usage(&self) -> Usage {
+    pub fn usage(&self) -> Usage {
         Usage {
             memory_bytes: self.cgroup.memory_usage().unwrap_or(0),
             pids: self.cgroup.pids_current().unwrap_or(0),

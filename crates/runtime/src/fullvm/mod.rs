@@ -19,6 +19,7 @@
 //! line; default `root=/dev/vda1 rw console=ttyS0 init=/usr/local/sbin/dsec-init`).
 
 pub mod qemu;
+pub mod substrate;
 
 use std::io;
 use std::path::{Path, PathBuf};
@@ -33,9 +34,7 @@ use crate::aether_client::AetherClient;
 use crate::error::PauseError;
 use crate::qemu::vm::{self, Launch, Vm};
 use crate::qemu::Accel;
-use crate::substrate::{
-    CreateSandboxError, DestroySandboxError, Sandbox, SandboxSpec, Substrate, Usage,
-};
+use crate::substrate::{CreateSandboxError, DestroySandboxError, SandboxSpec, Usage};
 pub use qemu::{DirectBoot, PcMachine};
 
 /// The kernel command line of a direct kernel boot when the image has no `<stem>.cmdline`.
@@ -176,17 +175,19 @@ impl vm::VmSandbox for FullVmSandbox {
     }
 }
 
-impl Sandbox for FullVmSandbox {
-    fn id(&self) -> &str {
+impl FullVmSandbox {
+    pub fn id(&self) -> &str {
         &self.id
     }
-    fn aether(&self) -> &AetherClient {
+    /// The channel to the guest's aether.
+    pub fn aether(&self) -> &AetherClient {
         self.vm.aether()
     }
-    fn pid(&self) -> i32 {
+    /// Host pid of the VM's QEMU (0 while paused).
+    pub fn pid(&self) -> i32 {
         self.vm.pid()
     }
-    fn usage(&self) -> Usage {
+    pub fn usage(&self) -> Usage {
         let (rss, _, _) = crate::qemu::vm::rss_of(self.vm.pid());
         Usage {
             memory_bytes: rss,
@@ -387,15 +388,10 @@ impl FullVmSubstrate {
     }
 }
 
-impl Substrate for FullVmSubstrate {
-    type Sandbox = FullVmSandbox;
-
-    fn name(&self) -> &'static str {
-        "vm"
-    }
-
-    /// `spec.lowers` holds exactly one path: the VM's disk image.
-    async fn create(&self, spec: SandboxSpec) -> Result<FullVmSandbox, CreateSandboxError> {
+impl FullVmSubstrate {
+    /// Boots a full VM; `spec.lowers` holds exactly one path: the VM's disk image. On error
+    /// everything built so far is removed.
+    pub async fn create(&self, spec: SandboxSpec) -> Result<FullVmSandbox, CreateSandboxError> {
         let vm_dir = spec.dir.join("vm");
         match self.start(&spec, &vm_dir).await {
             Ok(vm) => {
@@ -419,13 +415,9 @@ impl Substrate for FullVmSubstrate {
         }
     }
 
-    async fn destroy(&self, sandbox: &FullVmSandbox) -> Result<(), DestroySandboxError> {
+    /// Kills the VM and removes its directory. Idempotent.
+    pub async fn destroy(&self, sandbox: &FullVmSandbox) -> Result<(), DestroySandboxError> {
         vm::destroy_vm(&sandbox.id, &sandbox.vm, &sandbox.vm_dir).await
-    }
-
-    async fn reap_orphans(&self, _known_live: &[String]) -> Vec<String> {
-        // QEMU processes are children of the edge (killed on drop).
-        Vec::new()
     }
 }
 

@@ -25,6 +25,7 @@ pub mod create;
 pub mod pause;
 pub mod pmem;
 pub mod qemu;
+pub mod substrate;
 pub mod template;
 pub mod upper;
 
@@ -38,9 +39,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime};
 
 use crate::aether_client::AetherClient;
-use crate::substrate::{
-    CreateSandboxError, DestroySandboxError, Sandbox, SandboxSpec, Substrate, Usage,
-};
+use crate::substrate::{CreateSandboxError, DestroySandboxError, SandboxSpec, Usage};
 use create::pmem_copy;
 pub use qemu::{Accel, GuestLayer, Machine};
 
@@ -187,17 +186,19 @@ impl vm::VmSandbox for MicroVmSandbox {
     }
 }
 
-impl Sandbox for MicroVmSandbox {
-    fn id(&self) -> &str {
+impl MicroVmSandbox {
+    pub fn id(&self) -> &str {
         &self.id
     }
-    fn aether(&self) -> &AetherClient {
+    /// The channel to the guest's aether.
+    pub fn aether(&self) -> &AetherClient {
         self.vm.aether()
     }
-    fn pid(&self) -> i32 {
+    /// Host pid of the VM's QEMU (0 while paused).
+    pub fn pid(&self) -> i32 {
         self.vm.pid()
     }
-    fn usage(&self) -> Usage {
+    pub fn usage(&self) -> Usage {
         // QEMU's resident memory: the guest's RAM as far as it was touched, plus QEMU itself
         // (0 while paused: the snapshot is on disk).
         Usage {
@@ -536,14 +537,9 @@ impl MicroVmSubstrate {
     }
 }
 
-impl Substrate for MicroVmSubstrate {
-    type Sandbox = MicroVmSandbox;
-
-    fn name(&self) -> &'static str {
-        "microvm"
-    }
-
-    async fn create(&self, spec: SandboxSpec) -> Result<MicroVmSandbox, CreateSandboxError> {
+impl MicroVmSubstrate {
+    /// Boots a microVM (cold or from a template); on error everything built so far is removed.
+    pub async fn create(&self, spec: SandboxSpec) -> Result<MicroVmSandbox, CreateSandboxError> {
         let vm_dir = spec.dir.join("vm");
         match self.start(&spec, &vm_dir).await {
             Ok(s) => Ok(s),
@@ -552,14 +548,9 @@ impl Substrate for MicroVmSubstrate {
         }
     }
 
-    async fn destroy(&self, sandbox: &MicroVmSandbox) -> Result<(), DestroySandboxError> {
+    /// Kills the VM and removes its directory. Idempotent.
+    pub async fn destroy(&self, sandbox: &MicroVmSandbox) -> Result<(), DestroySandboxError> {
         vm::destroy_vm(&sandbox.id, &sandbox.vm, &sandbox.vm_dir).await
-    }
-
-    async fn reap_orphans(&self, _known_live: &[String]) -> Vec<String> {
-        // QEMU processes are children of the edge (killed on drop); a crashed edge's guests die
-        // with their channel (aether exits, the kernel panics, -no-reboot ends QEMU).
-        Vec::new()
     }
 }
 

@@ -517,7 +517,7 @@ impl Vm {
 
 /// A sandbox running on a [`Vm`]: a microVM or a full VM. Both substrates share the VM's life
 /// (boot, pause by snapshot, resume, kill); the edge drives them through this.
-pub trait VmSandbox: crate::substrate::Sandbox {
+pub trait VmSandbox: Send + Sync {
     fn vm(&self) -> &Vm;
     /// The VM's directory on the host (disks, sockets, console log, snapshot).
     fn vm_dir(&self) -> &Path;
