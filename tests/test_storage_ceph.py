@@ -64,7 +64,7 @@ def ceph() -> Iterator[Dict[str, str]]:
     finally:
         t0 = time.monotonic()
         r = subprocess.run(["bash", str(CEPH_DEV), "stop", data], capture_output=True, text=True, timeout=300)
-        print(f"\n[ceph-dev] stopped in {time.monotonic() - t0:.1f} s", flush=True)
+        print(f"\n[ceph-dev] stopped in {time.monotonic() - t0:.1f} s\n{r.stderr.strip()}", flush=True)
         assert r.returncode == 0, r.stderr
         assert not os.path.exists(data), f"ceph-dev left {data}"
 
@@ -80,6 +80,24 @@ def _cleanup(up, data: str) -> list:
         except OSError:
             pass
     return [rc, left]
+
+
+def _drop_page_cache(path: str) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+    finally:
+        os.close(fd)
+
+
+def _cephfs_bytes_served(ceph: Dict[str, str]) -> int:
+    """Bytes ceph-fuse has written to /dev/fuse: what this host's kernel read from CephFS (its
+    replies to FUSE reads; ceph-fuse's network I/O uses sendmsg and is not counted)."""
+    pid = Path(os.path.dirname(ceph["CEPH_CONF"]), "run", "ceph-fuse.pid").read_text().strip()
+    for line in Path(f"/proc/{pid}/io").read_text().splitlines():
+        if line.startswith("wchar:"):
+            return int(line.split()[1])
+    raise AssertionError(f"no wchar in /proc/{pid}/io")
 
 
 def _layer_lines(digest: str):
@@ -104,7 +122,7 @@ def test_cephfs_blob_store_import_run_verify_pack_diff_second_node(dsec_bin, cep
         a = up_a.client()
 
         # ---- import: the data blob is written to CephFS, only metadata stays local
-        payload = os.urandom(3_000_000)
+        payload = os.urandom(8 << 20)
         info = a.import_image("ceph-img:v1", _tar([
             ("data", None), ("data/blob.bin", payload), ("data/small", b"small\n"),
         ]))
@@ -162,11 +180,24 @@ def test_cephfs_blob_store_import_run_verify_pack_diff_second_node(dsec_bin, cep
         assert not os.path.exists(os.path.join(layers_b, f"{digest}.erofs"))
         names_b = {i.name for i in b.list_images()}
         assert {"ceph-img:v1", "ceph-packed:v1"} <= names_b, names_b
+        # Nothing of the blobs in this host's page cache: B's reads go to CephFS (ceph-fuse).
+        for d in (digest, top["digest"]):
+            _drop_page_cache(os.path.join(store, f"{d}.blob"))
         sb = make_sandbox(b, "ceph-packed:v1")
         try:
             assert sh(sb, "cat /data/note /data/small") == "packed\nsmall\n"
-            assert sh(sb, "sha256sum /data/diff.bin").split()[0] == hashlib.sha256(diff_payload).hexdigest()
+            # On demand: 4 KiB from the middle of an 8 MiB file reads a small part of its blob.
+            w0 = _cephfs_bytes_served(ceph)
+            sh(sb, "dd if=/data/blob.bin of=/dev/null bs=4096 count=1 skip=1000 2>/dev/null")
+            partial = _cephfs_bytes_served(ceph) - w0
+            assert partial < len(payload) // 8, f"a 4 KiB read fetched {partial} bytes from CephFS"
+            w0 = _cephfs_bytes_served(ceph)
             assert sh(sb, "sha256sum /data/blob.bin").split()[0] == hashlib.sha256(payload).hexdigest()
+            full = _cephfs_bytes_served(ceph) - w0
+            # ... and reading all of it fetches (about) all of it: the counter sees the reads.
+            assert full >= len(payload) * 0.8, f"reading {len(payload)} bytes fetched only {full} from CephFS"
+            print(f"\n[ceph] node B: 4 KiB read fetched {partial} B, full 8 MiB read fetched {full} B", flush=True)
+            assert sh(sb, "sha256sum /data/diff.bin").split()[0] == hashlib.sha256(diff_payload).hexdigest()
         finally:
             stop_quietly(sb)
         # Node B fetched the metadata images from the store and has no local copy of the blobs.
@@ -182,3 +213,5 @@ def test_cephfs_blob_store_import_run_verify_pack_diff_second_node(dsec_bin, cep
     for node, (rc, left) in results.items():
         assert rc == 0, (node, up_a.stderr_tail() if node == "a" else up_b.stderr_tail())
         assert not left, (node, left)
+    up_a.remove_log()
+    up_b.remove_log()

@@ -305,7 +305,8 @@ end_daemon() {
         kill -0 "$pid" 2>/dev/null || break
         sleep 0.1
     done
-    kill -0 "$pid" 2>/dev/null && { log "$n (pid $pid) ignored SIGTERM; killing it"; kill -KILL "$pid" 2>/dev/null || true; }
+    ((i >= 30)) && log "$n (pid $pid) took $((i / 10)) s to exit"
+    kill -0 "$pid" 2>/dev/null && { log "$n (pid $pid) ignored SIGTERM for 20 s; killing it"; kill -KILL "$pid" 2>/dev/null || true; }
     rm -f "$RUN/$n.pid"
 }
 
