@@ -292,22 +292,34 @@ status() {
     return $rc
 }
 
-# Ends one recorded daemon: SIGTERM, up to 20 s, then SIGKILL. Only the PID we recorded, and
-# only while it still runs one of our programs (a recycled PID is left alone).
-end_daemon() {
-    local n=$1 pid i
-    [[ -f "$RUN/$n.pid" ]] || return 0
-    pid=$(cat "$RUN/$n.pid")
-    # Every daemon runs with `-c $CONF`: a PID whose command line lacks it was recycled.
-    grep -qsF "$CONF" "/proc/$pid/cmdline" || { rm -f "$RUN/$n.pid"; return 0; }
-    kill -TERM "$pid" 2>/dev/null || true
-    for ((i = 0; i < 200; i++)); do
-        kill -0 "$pid" 2>/dev/null || break
-        sleep 0.1
+# Ends recorded daemons together: SIGTERM to each, up to 20 s for all, then SIGKILL. Only the
+# PIDs we recorded, and only while they still run one of ours (a recycled PID is left alone).
+end_daemons() {
+    local n pid i
+    local -A pids=()
+    for n in "$@"; do
+        [[ -f "$RUN/$n.pid" ]] || continue
+        pid=$(cat "$RUN/$n.pid")
+        # Every daemon runs with `-c $CONF`: a PID whose command line lacks it was recycled.
+        if grep -qsF "$CONF" "/proc/$pid/cmdline"; then
+            pids[$n]=$pid
+            kill -TERM "$pid" 2>/dev/null || true
+        fi
     done
-    ((i >= 30)) && log "$n (pid $pid) took $((i / 10)) s to exit"
-    kill -0 "$pid" 2>/dev/null && { log "$n (pid $pid) ignored SIGTERM for 20 s; killing it"; kill -KILL "$pid" 2>/dev/null || true; }
-    rm -f "$RUN/$n.pid"
+    for ((i = 0; i < 200 && ${#pids[@]}; i++)); do
+        for n in "${!pids[@]}"; do
+            if ! kill -0 "${pids[$n]}" 2>/dev/null; then
+                ((i < 30)) || log "$n (pid ${pids[$n]}) took $((i / 10)) s to exit"
+                unset "pids[$n]"
+            fi
+        done
+        ((${#pids[@]})) && sleep 0.1
+    done
+    for n in "${!pids[@]}"; do
+        log "$n (pid ${pids[$n]}) ignored SIGTERM for 20 s; killing it"
+        kill -KILL "${pids[$n]}" 2>/dev/null || true
+    done
+    for n in "$@"; do rm -f "$RUN/$n.pid"; done
 }
 
 stop() {
@@ -316,8 +328,10 @@ stop() {
     if mounted; then
         fusermount -u "$D/mnt" 2>/dev/null || fusermount -u -z "$D/mnt" 2>/dev/null || umount -l "$D/mnt" || true
     fi
-    local n
-    for n in ceph-fuse rgw mds.a osd.0 mgr.a mon.a; do end_daemon "$n"; done
+    # The client first, then the daemons that talk to the monitor, then the monitor.
+    end_daemons ceph-fuse
+    end_daemons rgw mds.a osd.0 mgr.a
+    end_daemons mon.a
     mounted && die "$D/mnt is still mounted"
     rm -rf "$D"
     log "stopped; removed $D"
