@@ -10,8 +10,9 @@
 #
 # DATA_DIR defaults to $DSEC_CEPH_DIR or /var/tmp/dsec-ceph. After `start`, `source DATA_DIR/env`
 # gives CEPH_CONF, CEPHFS_MOUNT, S3_ENDPOINT, S3_ACCESS_KEY, S3_SECRET_KEY, S3_BUCKET, S3_REGION.
-# Memory is bounded for a small machine: osd_memory_target 900 MB, MDS cache 128 MB, small
-# BlueStore and RocksDB settings; the OSD's block file is sparse (10 GiB apparent).
+# Memory is bounded for a small machine: osd_memory_target 900 MB, MDS cache 128 MB, one OSD op
+# shard; all daemons together use ~510 MiB. The OSD's block file is sparse (10 GiB apparent).
+# A `start` that fails leaves its logs in DATA_DIR/log; `stop` cleans up after it.
 set -euo pipefail
 
 CMD=${1:-}
@@ -113,9 +114,10 @@ osd crush chooseleaf type = 0
 mon allow pool size one = true
 mon allow pool delete = true
 mon warn on pool no redundancy = false
+# A shared development disk is often more than 70% full: warn only when it is nearly full.
 mon data avail warn = 5
 mon data avail crit = 2
-# A throwaway cluster: no crash reporting, no telemetry.
+# Only the manager's always-on modules and iostat (no dashboard, restful or nfs).
 mgr initial modules = iostat
 
 [mon]
