@@ -67,6 +67,30 @@ def ceph() -> Iterator[Dict[str, str]]:
         print(f"\n[ceph-dev] stopped in {time.monotonic() - t0:.1f} s\n{r.stderr.strip()}", flush=True)
         assert r.returncode == 0, r.stderr
         assert not os.path.exists(data), f"ceph-dev left {data}"
+        assert not mounts_under(data), mounts_under(data)
+        left = [pid for pid in os.listdir("/proc") if pid.isdigit() and _cmdline_has(pid, data)]
+        assert not left, f"ceph-dev stop left processes {left}"
+
+
+def _cmdline_has(pid: str, needle: str) -> bool:
+    try:
+        return needle.encode() in Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return False
+
+
+def test_ceph_dev_start_is_idempotent_and_status_reports(ceph):
+    data = os.path.dirname(ceph["CEPH_CONF"])
+    t0 = time.monotonic()
+    r = subprocess.run(["bash", str(CEPH_DEV), "start", data], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert "already running" in r.stderr and time.monotonic() - t0 < 30, r.stderr
+    assert _read_env(data) == ceph, "a second start changed the cluster's endpoints or keys"
+    r = subprocess.run(["bash", str(CEPH_DEV), "status", data], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "health: HEALTH_OK" in r.stdout, r.stdout
+    assert f"cephfs: mounted on {ceph['CEPHFS_MOUNT']}" in r.stdout, r.stdout
+    assert f"s3: answering at {ceph['S3_ENDPOINT']}" in r.stdout, r.stdout
 
 
 def _cleanup(up, data: str) -> list:
