@@ -136,10 +136,22 @@ impl Edge {
             let ctx = OpenContext {
                 microvm: cfg
                     .microvm
-                    .runtime_config(ctx.aether_path.clone(), images.blob_dir().into_iter().collect())
-                    .map(|c| (c, cfg.microvm.template_config(&edge_dir.join("microvm-templates"))))
+                    .runtime_config(
+                        ctx.aether_path.clone(),
+                        images.blob_dir().into_iter().collect(),
+                    )
+                    .map(|c| {
+                        (
+                            c,
+                            cfg.microvm
+                                .template_config(&edge_dir.join("microvm-templates")),
+                        )
+                    })
                     .map_err(|e| e.to_string()),
-                vm: cfg.vm.runtime_config(&cfg.microvm).map_err(|e| e.to_string()),
+                vm: cfg
+                    .vm
+                    .runtime_config(&cfg.microvm)
+                    .map_err(|e| e.to_string()),
                 ..ctx
             };
             Substrates::open(&cfg.node_id, &ctx, vec![container])

@@ -1949,7 +1949,11 @@ impl crate::ttl::Reapable for Manager {
         Manager::ttl_views(self)
     }
 
-    fn stop_because<'a>(&'a self, id: &'a str, reason: String) -> dsec_runtime::substrate::BoxFut<'a, ()> {
+    fn stop_because<'a>(
+        &'a self,
+        id: &'a str,
+        reason: String,
+    ) -> dsec_runtime::substrate::BoxFut<'a, ()> {
         Box::pin(Manager::stop_because(self, id, reason))
     }
 

@@ -33,8 +33,13 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
 use dsec_edge::config::EdgeConfig;
-use dsec_node::qos::{Caps, Qos, QosConfig};
+use dsec_edge::substrates::Substrates;
 use dsec_edge::EdgeError;
+use dsec_node::qos::{Caps, Qos, QosConfig};
+use dsec_runtime::substrate::{
+    BoxFut, Capabilities, CreateOptions, CreateSandboxError, LiveSandbox, SandboxSpec,
+    Substrate as SubstrateImpl,
+};
 use dsec_wire::api::{
     codes, status_for_code, CreateSandboxRequest, ErrorBody, ErrorDetail, JobOpResult,
     LabelSelector, NodeStatus, SandboxInfo, SandboxList, SandboxState, Substrate,
@@ -133,7 +138,33 @@ pub struct SimulatedEdge {
     edge: EdgeConfig,
     /// The real edge's admission books.
     qos: Qos,
+    /// The registry the real validation asks: the container substrate's capabilities only.
+    substrates: Substrates,
     state: Mutex<SimState>,
+}
+
+/// The container substrate as the real validation sees it (kind, capabilities, request
+/// checks); a simulated edge books sandboxes and starts none, so its create refuses.
+struct SimContainer;
+
+impl SubstrateImpl for SimContainer {
+    fn kind(&self) -> dsec_wire::api::Substrate {
+        dsec_wire::api::Substrate::Container
+    }
+    fn capabilities(&self) -> Capabilities {
+        dsec_runtime::container::substrate::CAPABILITIES
+    }
+    fn create(
+        &self,
+        _spec: SandboxSpec,
+        _opts: CreateOptions,
+    ) -> BoxFut<'_, Result<Box<dyn LiveSandbox>, CreateSandboxError>> {
+        Box::pin(async {
+            Err(CreateSandboxError::Setup(
+                "a simulated edge starts no sandbox".into(),
+            ))
+        })
+    }
 }
 
 fn lock(m: &Mutex<SimState>) -> MutexGuard<'_, SimState> {
@@ -163,6 +194,7 @@ fn now_rfc3339() -> String {
 
 impl SimulatedEdge {
     pub fn new(cfg: SimConfig) -> Arc<Self> {
+        let node = cfg.node_id.clone();
         let edge = EdgeConfig {
             node_id: cfg.node_id.clone(),
             capacity: cfg.capacity,
@@ -182,6 +214,7 @@ impl SimulatedEdge {
             cfg,
             edge,
             qos,
+            substrates: Substrates::only(&node, Arc::new(SimContainer)),
             state: Mutex::new(SimState::default()),
         })
     }
@@ -218,7 +251,7 @@ impl SimulatedEdge {
                 node: self.cfg.node_id.clone(),
             });
         }
-        let v = dsec_edge::manager::validate_create(&self.edge, req)?;
+        let v = dsec_edge::manager::validate_create(&self.edge, &self.substrates, req)?;
         let (memory_mb, cpu) = (v.memory_mb, v.cpu);
         let mut st = lock(&self.state);
         if let Some(k) = &req.idempotency_key {

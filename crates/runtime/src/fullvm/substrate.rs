@@ -205,7 +205,10 @@ mod tests {
             t.path().join("vm-images/mine.qcow2")
         );
         assert!(matches!(
-            resolve_image(&image_dirs(t.path(), &t.path().join("cache")), "nope-does-not-exist"),
+            resolve_image(
+                &image_dirs(t.path(), &t.path().join("cache")),
+                "nope-does-not-exist"
+            ),
             Err(ResolveImageError::NotFound(_))
         ));
         assert!(matches!(
