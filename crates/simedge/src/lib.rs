@@ -343,7 +343,6 @@ impl SimulatedEdge {
             labels,
             capabilities: Some(self.qos.caps().to_wire()),
             admission: Some(self.qos.status(&self.edge.capacity())),
-            ..Default::default()
         }
     }
 
