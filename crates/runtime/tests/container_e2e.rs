@@ -12,7 +12,7 @@ use bytes::Bytes;
 use dsec_runtime::aether_client::CommandOutput;
 use dsec_runtime::cgroup::{Cgroup, CgroupRoot};
 use dsec_runtime::container::{ContainerConfig, ContainerSandbox, ContainerSubstrate};
-use dsec_runtime::substrate::{CreateSandboxError, Sandbox, SandboxSpec, Substrate};
+use dsec_runtime::substrate::{CreateSandboxError, SandboxSpec};
 use dsec_wire::aether::Request;
 
 /// Finds the aether binary or explains why the test cannot run.

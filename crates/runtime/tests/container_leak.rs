@@ -10,7 +10,7 @@ use std::path::{Path, PathBuf};
 use bytes::Bytes;
 use dsec_runtime::cgroup::{Cgroup, CgroupRoot};
 use dsec_runtime::container::{ContainerConfig, ContainerSubstrate};
-use dsec_runtime::substrate::{Sandbox, SandboxSpec, Substrate};
+use dsec_runtime::substrate::SandboxSpec;
 use dsec_wire::aether::Request;
 
 fn aether_path() -> Option<PathBuf> {
