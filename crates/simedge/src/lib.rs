@@ -33,8 +33,8 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
 use dsec_edge::config::EdgeConfig;
-use dsec_node::qos::{Caps, Qos, QosConfig};
 use dsec_edge::EdgeError;
+use dsec_node::qos::{Caps, Qos, QosConfig};
 use dsec_wire::api::{
     codes, status_for_code, CreateSandboxRequest, ErrorBody, ErrorDetail, JobOpResult,
     LabelSelector, NodeStatus, SandboxInfo, SandboxList, SandboxState, Substrate,
@@ -310,7 +310,6 @@ impl SimulatedEdge {
             labels,
             capabilities: Some(self.qos.caps().to_wire()),
             admission: Some(self.qos.status(&self.edge.capacity())),
-            ..Default::default()
         }
     }
 
