@@ -19,6 +19,9 @@ PKGS+=(postgresql)
 # image's partition table and boot loader (scripts/vm/build-disk.sh).
 PKGS+=(qemu-utils seabios fdisk extlinux syslinux-common)
 
+# Distributed storage tests (issue 23): a single-node Ceph, scripts/storage/ceph-dev.sh.
+PKGS+=(ceph-mon ceph-mgr ceph-osd ceph-mds radosgw ceph-fuse ceph-common)
+
 missing_pkgs() {
     missing=()
     for p in "${PKGS[@]}"; do

@@ -363,24 +363,18 @@ async fn auth_routing_and_errors() {
         .await;
         assert_eq!((st, e.code.as_str()), (404, "sandbox_not_found"), "{bad}");
     }
-    // Unknown node and a dead edge: 503 node_unavailable.
-    for id in ["sb-n5-00000000000000aa", "sb-n9-00000000000000aa"] {
-        let e = c.get(id).await.unwrap_err();
-        assert_eq!(e.code(), Some("node_unavailable"), "{id}: {e}");
-        if let dsec_client::ClientError::Api {
-            status, message, ..
-        } = e
-        {
-            assert_eq!(status, 503);
-            assert!(
-                message.contains(if id.contains("n9") {
-                    "unreachable"
-                } else {
-                    "n5"
-                }),
-                "{message}"
-            );
-        }
+    // A node no configured edge is: the sandbox does not exist (404). A known edge that
+    // does not answer: 503 node_unavailable.
+    let e = c.get("sb-n5-00000000000000aa").await.unwrap_err();
+    assert_eq!(e.code(), Some("sandbox_not_found"), "{e}");
+    let e = c.get("sb-n9-00000000000000aa").await.unwrap_err();
+    assert_eq!(e.code(), Some("node_unavailable"), "{e}");
+    if let dsec_client::ClientError::Api {
+        status, message, ..
+    } = e
+    {
+        assert_eq!(status, 503);
+        assert!(message.contains("unreachable"), "{message}");
     }
     // Create goes to the healthy edge; the list merges (the dead edge is flagged).
     let created = c

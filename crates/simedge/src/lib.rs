@@ -7,7 +7,7 @@
 //!
 //! **Owns**: the in-memory records and the HTTP subset above. **Does not own admission**: a
 //! create is validated by the real edge's `validate_create` and admitted by the real edge's
-//! code — the sandbox count against `capacity`, then the QoS books (`dsec_edge::qos::Qos`:
+//! code — the sandbox count against `capacity`, then the QoS books (`dsec_node::qos::Qos`:
 //! overcommit ratio, latency-sensitive floor, measured usage for best-effort) — and refusals
 //! carry the real edge's wire codes ([`dsec_edge::EdgeError`]). A simulated sandbox is never
 //! measured, so it counts like a running sandbox the real edge has not sampled yet (by its start
@@ -33,8 +33,8 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
 use dsec_edge::config::EdgeConfig;
-use dsec_edge::qos::{Caps, Qos, QosConfig};
 use dsec_edge::EdgeError;
+use dsec_node::qos::{Caps, Qos, QosConfig};
 use dsec_wire::api::{
     codes, status_for_code, CreateSandboxRequest, ErrorBody, ErrorDetail, JobOpResult,
     LabelSelector, NodeStatus, SandboxInfo, SandboxList, SandboxState, Substrate,
@@ -246,7 +246,7 @@ impl SimulatedEdge {
         // Memory and CPU: the real edge's books (overcommit by measured usage with a
         // latency-sensitive floor); the sandbox "starts" at once.
         self.qos
-            .admit(&self.edge, &id, v.qos, memory_mb, cpu)
+            .admit(&self.edge.capacity(), &id, v.qos, memory_mb, cpu)
             .map_err(|r| {
                 EdgeError::NodeFull(format!(
                     "node {node} is full for a {:?} sandbox: {r}",
@@ -309,8 +309,7 @@ impl SimulatedEdge {
             cgroup_version: "simulated".into(),
             labels,
             capabilities: Some(self.qos.caps().to_wire()),
-            admission: Some(self.qos.status(&self.edge)),
-            ..Default::default()
+            admission: Some(self.qos.status(&self.edge.capacity())),
         }
     }
 

@@ -327,6 +327,7 @@ fn samples() -> BTreeMap<&'static str, Vec<Value>> {
             insecure: false,
             username: some_s(),
             password: some_s(),
+            ca_pem: some_s(),
         }),
     );
     for v in [
