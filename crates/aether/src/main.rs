@@ -1,5 +1,10 @@
 //! aether: the agent inside every sandbox.
 //!
+//! Owns everything that runs inside a sandbox: building the container root, seccomp, users,
+//! sessions, processes, files, TTYs and the trajectory-visible clock. It must not trust the
+//! sandbox's contents, must not link any other dsec crate than `dsec-wire` (it is a static
+//! binary copied into every guest), and must not reach the network or the host on its own.
+//!
 //! Started as PID 1 of a container with the edge channel on fd 3 (an inherited socket, never a
 //! path inside the sandbox). Reads `Setup`, builds the sandbox ([`setup`]), answers `Ready`, then
 //! serves requests until the channel closes or `Shutdown` arrives.

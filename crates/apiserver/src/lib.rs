@@ -1,5 +1,9 @@
 //! The apiserver: the public HTTP API of dsec.
 //!
+//! Owns authentication (API keys, projects, quotas), placement and forwarding. It must not run
+//! sandboxes or touch node resources itself, and must not depend on the edge crate: it speaks to
+//! edges only through the edge HTTP API (`dsec-client`, `dsec-wire`).
+//!
 //! It authenticates every `/v1` call with an API key (IAM in SQLite or PostgreSQL), places new
 //! sandboxes on an edge, and forwards every later call to the edge named by the node id inside
 //! the sandbox id (no lookup table). It reaches edges over HTTP only, even when they run in the

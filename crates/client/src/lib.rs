@@ -1,5 +1,8 @@
 //! Rust client for the dsec HTTP API (`/v1`, see `dsec_wire::api`).
 //!
+//! Owns the HTTP calls and their error mapping. It must not hold business rules (validation
+//! lives in the servers, which answer 4xx) and must not depend on any server crate.
+//!
 //! ```ignore
 //! let c = dsec_client::Client::from_env()?;
 //! let sb = c.create(&CreateSandboxRequest { image: "busybox".into(), ..Default::default() }).await?;

@@ -1,4 +1,8 @@
 //! `dsec`: the command-line client and every server role in one binary.
+//!
+//! Owns argument parsing, output formatting and starting the server roles from their config.
+//! It must stay thin: it must not implement API calls (they go through `dsec-client`) nor
+//! lifecycle, image or network logic (they live in the library crates it starts).
 
 mod cmd;
 mod connect;

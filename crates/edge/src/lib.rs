@@ -1,5 +1,10 @@
 //! The edge: one per node. Admission, sandbox lifecycle, layers and the edge HTTP API.
 //!
+//! Owns the lifecycle of sandboxes on one node (admission, create, stop, pause, recovery, TTL)
+//! and maps every crate's errors to wire codes in one place. It must not branch on the kind of
+//! substrate outside its registry (ask the substrate's capabilities), and must not reimplement
+//! what the subsystem crates own (network, node policies, trajectory, functions, images).
+//!
 //! ```ignore
 //! let edge = Edge::start(config).await?;          // recovers, mounts nothing yet
 //! println!("edge token: {}", edge.token());

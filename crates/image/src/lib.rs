@@ -1,5 +1,9 @@
 //! Images and their layers.
 //!
+//! Owns image names, the index, layer files (import, pull, fold, verify), the blob stores and
+//! node-wide layer mounts. It must not know about sandboxes or substrates: callers hold an
+//! [`ImageLease`] and do what they want with the mounted lowers or the layer files.
+//!
 //! An image is an ordered list of layers (bottom first); a layer is an EROFS image file named
 //! by its content digest. Layers are mounted once per node (read-only, file-backed EROFS) and
 //! shared by every sandbox using them, with a reference count.

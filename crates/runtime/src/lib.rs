@@ -14,6 +14,10 @@
 //! * [`microvm`] — QEMU guests with their own kernel, aether over virtio-serial.
 //! * [`fullvm`] — QEMU PCs booting a whole disk image through the firmware (or direct kernel).
 //! * [`error`] — the errors of pause/resume and adopt, shared by every substrate.
+//!
+//! Owns every way of running a sandbox's processes and the cgroup work for them. It must not
+//! know about the HTTP API, records or admission (that is the edge), and every substrate must
+//! be reachable through the one object-safe trait pair in [`substrate`], never by name.
 
 pub mod aether_client;
 pub mod cgroup;

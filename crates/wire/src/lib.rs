@@ -1,5 +1,8 @@
 //! Wire types shared by every dsec component.
 //!
+//! Owns the serialised shapes and stable error codes, nothing else: it must not do I/O, hold
+//! behaviour beyond (de)serialisation and small parsers, or depend on any other dsec crate.
+//!
 //! * [`api`] — the HTTP/JSON API (the apiserver's public API; the edge serves the same
 //!   sandbox routes under `/edge/v1`).
 //! * [`aether`] — the framed protocol between an edge and the aether agent inside a sandbox.
