@@ -183,7 +183,7 @@ struct TrajectoryQuery {
 
 #[derive(Serialize, ToSchema)]
 #[serde(rename_all = "kebab-case")]
-enum ImportFormat {
+pub(super) enum ImportFormat {
     Tar,
     DockerArchive,
     Oci,

@@ -109,7 +109,14 @@ pub fn prepare(dir: &Path, limit_mb: u64, bps: u64) -> Result<(), DiskLimitError
     for d in ["upper", "work"] {
         let inner = fs.join(d);
         let link = dir.join(d);
+        // The sandbox's directory may come with an empty `upper`/`work` already (a fresh or
+        // recycled directory): the limited file system's takes its place. `remove_dir` only
+        // removes an empty directory, so nothing written is ever lost here.
         let made = std::fs::create_dir_all(&inner)
+            .and_then(|()| match std::fs::symlink_metadata(&link) {
+                Ok(m) if m.is_dir() => std::fs::remove_dir(&link),
+                _ => Ok(()),
+            })
             .and_then(|()| std::os::unix::fs::symlink(&inner, &link));
         if let Err(e) = made {
             release(dir);
