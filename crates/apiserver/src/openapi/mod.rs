@@ -91,6 +91,7 @@ pub const EDGE_PASS_THROUGH: &[(&str, &str)] = &[
         dsec_wire::api::NodeStatus,
         // A query parameter's enum: utoipa refers to it but does not collect it by itself.
         paths::ImportFormat,
+        paths::JobOp,
     )),
     tags(
         (name = "sandboxes", description = "Create, inspect, stop, pause and resume sandboxes"),

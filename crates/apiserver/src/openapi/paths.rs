@@ -91,7 +91,7 @@ struct KeyPath {
 
 #[derive(Serialize, ToSchema)]
 #[serde(rename_all = "snake_case")]
-enum JobOp {
+pub(super) enum JobOp {
     Pause,
     Resume,
     Stop,
