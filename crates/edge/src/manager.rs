@@ -1031,6 +1031,13 @@ impl Manager {
         }
         let destroyed = t0.elapsed();
         crate::network::release(&self.net, &entry.id, &dir).await;
+        if moved.is_some() {
+            // A container's disk-limit file system moved into the trash with its directory:
+            // release it there (the substrate's destroy looked under the old path).
+            let d = dir.clone();
+            let _ = tokio::task::spawn_blocking(move || dsec_runtime::container::disk::release(&d))
+                .await;
+        }
         drop(lock(&entry.lease).take());
         let released = t0.elapsed();
         let removed = match moved {
