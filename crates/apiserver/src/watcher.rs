@@ -146,7 +146,7 @@ impl Watcher {
     /// `started` are in the edge's figures; those answered since may or may not be (the edge
     /// computed its status at some point while the poll was in flight), so they stay counted as
     /// far as the local view (which has them) is above the edge's figures.
-    fn record(&self, index: usize, result: Result<NodeStatus, String>, started: Instant) {
+    fn record(&self, index: usize, result: Result<NodeStatus, PollError>, started: Instant) {
         let Ok(mut nodes) = self.nodes.write() else {
             return;
         };
@@ -196,7 +196,7 @@ impl Watcher {
                     tracing::warn!(url = %n.endpoint.url, error = %e, "edge unreachable");
                 }
                 n.healthy = false;
-                n.last_error = Some(e);
+                n.last_error = Some(e.to_string());
             }
         }
     }
@@ -271,22 +271,47 @@ fn add_unseen(mut polled: NodeStatus, local: Option<&NodeStatus>, recent: &[Plac
     polled
 }
 
-async fn fetch_status(http: &reqwest::Client, e: &EdgeEndpoint) -> Result<NodeStatus, String> {
+/// Why one poll of an edge's status failed (kept as the node's `last_error`).
+#[derive(Debug, thiserror::Error)]
+enum PollError {
+    #[error("GET {url}/edge/v1/status: {source}")]
+    Send { url: String, source: reqwest::Error },
+    #[error("GET {url}/edge/v1/status: {status}: {body}")]
+    Status {
+        url: String,
+        status: reqwest::StatusCode,
+        body: String,
+    },
+    #[error("decode status of {url}: {source}")]
+    Decode { url: String, source: reqwest::Error },
+}
+
+async fn fetch_status(http: &reqwest::Client, e: &EdgeEndpoint) -> Result<NodeStatus, PollError> {
     let resp = http
         .get(format!("{}/edge/v1/status", e.url))
         .bearer_auth(&e.token)
         .timeout(Duration::from_secs(5))
         .send()
         .await
-        .map_err(|err| format!("GET {}/edge/v1/status: {err}", e.url))?;
+        .map_err(|source| PollError::Send {
+            url: e.url.clone(),
+            source,
+        })?;
     let status = resp.status();
     if !status.is_success() {
         let body = resp.text().await.unwrap_or_default();
-        return Err(format!("GET {}/edge/v1/status: {status}: {body}", e.url));
+        return Err(PollError::Status {
+            url: e.url.clone(),
+            status,
+            body,
+        });
     }
     resp.json::<NodeStatus>()
         .await
-        .map_err(|err| format!("decode status of {}: {err}", e.url))
+        .map_err(|source| PollError::Decode {
+            url: e.url.clone(),
+            source,
+        })
 }
 
 #[cfg(test)]

@@ -171,7 +171,9 @@ impl EdgeConfig {
     /// Checks every value; the error names the first bad key.
     pub fn validate(&self) -> Result<(), ConfigError> {
         self.network.validate()?;
-        self.functions.validate().map_err(|m| bad("functions", m))?;
+        self.functions
+            .validate()
+            .map_err(|e| bad(e.key, e.message))?;
         for checked in [self.reclaim.validate(), self.qos.validate()] {
             if let Err(e) = checked {
                 return Err(bad(e.key, e.message));

@@ -152,11 +152,11 @@ impl Edge {
                                 .template_config(&edge_dir.join("microvm-templates")),
                         )
                     })
-                    .map_err(|e| e.to_string()),
+                    .map_err(|e| dsec_runtime::substrate::Unavailable(e.to_string())),
                 vm: cfg
                     .vm
                     .runtime_config(&cfg.microvm)
-                    .map_err(|e| e.to_string()),
+                    .map_err(|e| dsec_runtime::substrate::Unavailable(e.to_string())),
                 ..ctx
             };
             Substrates::open(&cfg.node_id, &ctx, vec![container])

@@ -98,19 +98,32 @@ impl Default for FunctionConfig {
     }
 }
 
+/// A bad `[edge.functions]` value: the key and what is allowed.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{key}: {message}")]
+pub struct FunctionConfigError {
+    pub key: &'static str,
+    pub message: &'static str,
+}
+
 impl FunctionConfig {
-    pub fn validate(&self) -> Result<(), String> {
+    /// Checks the values; the error names the bad key.
+    pub fn validate(&self) -> Result<(), FunctionConfigError> {
+        let bad = |key, message| Err(FunctionConfigError { key, message });
         if self.max_workers == 0 {
-            return Err("functions.max_workers: must be at least 1".into());
+            return bad("functions.max_workers", "must be at least 1");
         }
         if self.min_workers > self.max_workers {
-            return Err("functions.min_workers: must not exceed max_workers".into());
+            return bad("functions.min_workers", "must not exceed max_workers");
         }
         if self.worker_memory_mb < 64 {
-            return Err("functions.worker_memory_mb: must be at least 64".into());
+            return bad("functions.worker_memory_mb", "must be at least 64");
         }
         if !(self.default_timeout_s > 0.0 && self.max_timeout_s >= self.default_timeout_s) {
-            return Err("functions.default_timeout_s: must be > 0 and <= max_timeout_s".into());
+            return bad(
+                "functions.default_timeout_s",
+                "must be > 0 and <= max_timeout_s",
+            );
         }
         Ok(())
     }
@@ -524,7 +537,7 @@ async fn run_call(w: &mut worker::Worker, p: &Prepared, req: &FunctionCallReques
         let mem = w.disarm(base);
         let ans = match ans {
             Ok(a) => a,
-            Err(e) => return broken(e),
+            Err(e) => return broken(e.to_string()),
         };
         if let Some(e) = ans.error {
             return broken(format!("the fork-server failed: {e}"));
@@ -588,7 +601,7 @@ async fn run_call(w: &mut worker::Worker, p: &Prepared, req: &FunctionCallReques
     let mem = w.disarm(base);
     let ans = match ans {
         Ok(a) => a,
-        Err(e) => return broken(e),
+        Err(e) => return broken(e.to_string()),
     };
     if let Some(e) = ans.error {
         return broken(format!("the fork-server failed: {e}"));

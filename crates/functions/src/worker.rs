@@ -17,7 +17,7 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use dsec_image::{ImageLease, ImageStore};
-use dsec_runtime::aether_client::Call;
+use dsec_runtime::aether_client::{Call, ChannelError};
 use dsec_runtime::cgroup::{Cgroup, CgroupRoot, CgroupVersion};
 use dsec_runtime::container::{ContainerSandbox, ContainerSubstrate};
 use dsec_runtime::substrate::SandboxSpec;
@@ -27,6 +27,47 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::UnixStream;
 
 use super::{FunctionConfig, FunctionError, PoolKey};
+
+/// What went wrong starting or talking to a worker's fork-server. Any of these means the
+/// worker is broken (it is destroyed, never reused).
+#[derive(Debug, thiserror::Error)]
+pub enum ForkServerError {
+    #[error("start python3: {0}")]
+    Start(ChannelError),
+    #[error("the fork-server exited ({code}): {said}")]
+    Exited { code: i32, said: String },
+    #[error("aether: {0}")]
+    Aether(String),
+    #[error("the fork-server's request ended")]
+    RequestEnded,
+    #[error("channel: {0}")]
+    Channel(ChannelError),
+    #[error("no \"ready\" within {0:?}")]
+    NotReady(Duration),
+    #[error("connect {}: {source}", path.display())]
+    Connect {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("encode request: {0}")]
+    Encode(serde_json::Error),
+    #[error("request too large")]
+    RequestTooLarge,
+    #[error("send to the fork-server: {0}")]
+    Send(std::io::Error),
+    #[error("the fork-server did not answer within {0:?}")]
+    AnswerTimeout(Duration),
+    #[error("the fork-server did not confirm its cleanup within {0:?}")]
+    CleanupTimeout(Duration),
+    #[error("the fork-server did not answer: {0}")]
+    NoAnswer(std::io::Error),
+    #[error("answer of {0} bytes is too large")]
+    AnswerTooLarge(usize),
+    #[error("read the fork-server's answer: {0}")]
+    Read(std::io::Error),
+    #[error("bad answer from the fork-server: {0}")]
+    BadAnswer(serde_json::Error),
+}
 
 /// The fork-server's source, run with `python3 -I -c`.
 pub const FORKSERVER: &str = include_str!("../guest/forkserver.py");
@@ -251,7 +292,7 @@ impl WorkerFactory {
 }
 
 /// Runs the fork-server through aether, waits for "ready" and connects to its socket.
-async fn start_server(sandbox: &ContainerSandbox) -> Result<(UnixStream, Call), String> {
+async fn start_server(sandbox: &ContainerSandbox) -> Result<(UnixStream, Call), ForkServerError> {
     let token = hex::encode(rand::random::<[u8; 8]>());
     let inside = format!("/run/dsec-fn/{token}.sock");
     let req = Request::Exec {
@@ -273,7 +314,7 @@ async fn start_server(sandbox: &ContainerSandbox) -> Result<(UnixStream, Call), 
         .aether()
         .call(req, Bytes::new())
         .await
-        .map_err(|e| format!("start python3: {e}"))?;
+        .map_err(ForkServerError::Start)?;
     let mut said = Vec::new();
     let ready = tokio::time::timeout(READY_TIMEOUT, async {
         loop {
@@ -289,17 +330,19 @@ async fn start_server(sandbox: &ContainerSandbox) -> Result<(UnixStream, Call), 
                     }
                 }
                 Ok(Some((Reply::CommandDone(o), body))) => {
-                    return Err(format!(
-                        "the fork-server exited ({}): {}{}",
-                        o.exit_code,
-                        String::from_utf8_lossy(&said),
-                        String::from_utf8_lossy(&body)
-                    ))
+                    return Err(ForkServerError::Exited {
+                        code: o.exit_code,
+                        said: format!(
+                            "{}{}",
+                            String::from_utf8_lossy(&said),
+                            String::from_utf8_lossy(&body)
+                        ),
+                    })
                 }
-                Ok(Some((Reply::Error(e), _))) => return Err(format!("aether: {}", e.message)),
+                Ok(Some((Reply::Error(e), _))) => return Err(ForkServerError::Aether(e.message)),
                 Ok(Some(_)) => {}
-                Ok(None) => return Err("the fork-server's request ended".into()),
-                Err(e) => return Err(format!("channel: {e}")),
+                Ok(None) => return Err(ForkServerError::RequestEnded),
+                Err(e) => return Err(ForkServerError::Channel(e)),
             }
         }
     })
@@ -307,12 +350,12 @@ async fn start_server(sandbox: &ContainerSandbox) -> Result<(UnixStream, Call), 
     match ready {
         Ok(Ok(())) => {}
         Ok(Err(e)) => return Err(e),
-        Err(_) => return Err(format!("no \"ready\" within {READY_TIMEOUT:?}")),
+        Err(_) => return Err(ForkServerError::NotReady(READY_TIMEOUT)),
     }
     let host = PathBuf::from(format!("/proc/{}/root{inside}", sandbox.pid()));
     let conn = UnixStream::connect(&host)
         .await
-        .map_err(|e| format!("connect {}: {e}", host.display()))?;
+        .map_err(|source| ForkServerError::Connect { path: host, source })?;
     Ok((conn, call))
 }
 
@@ -323,55 +366,54 @@ impl Worker {
         &mut self,
         req: &ServerRequest,
         deadline: Duration,
-    ) -> Result<ServerAnswer, String> {
+    ) -> Result<ServerAnswer, ForkServerError> {
         let mut frame = Vec::with_capacity(512);
         frame.extend_from_slice(&[0u8; 4]);
-        serde_json::to_writer(&mut frame, req).map_err(|e| format!("encode request: {e}"))?;
-        let len = u32::try_from(frame.len() - 4).map_err(|_| "request too large".to_string())?;
+        serde_json::to_writer(&mut frame, req).map_err(ForkServerError::Encode)?;
+        let len = u32::try_from(frame.len() - 4).map_err(|_| ForkServerError::RequestTooLarge)?;
         frame[..4].copy_from_slice(&len.to_be_bytes());
         let fut = async {
             self.conn
                 .write_all(&frame)
                 .await
-                .map_err(|e| format!("send to the fork-server: {e}"))?;
+                .map_err(ForkServerError::Send)?;
             self.recv().await
         };
         match tokio::time::timeout(deadline, fut).await {
             Ok(r) => r,
-            Err(_) => Err(format!(
-                "the fork-server did not answer within {deadline:?}"
-            )),
+            Err(_) => Err(ForkServerError::AnswerTimeout(deadline)),
         }
     }
 
     /// Reads the answer that follows an `early` one (the call's cleanup). Any error means the
     /// worker is broken.
-    pub async fn read_answer(&mut self, deadline: Duration) -> Result<ServerAnswer, String> {
+    pub async fn read_answer(
+        &mut self,
+        deadline: Duration,
+    ) -> Result<ServerAnswer, ForkServerError> {
         match tokio::time::timeout(deadline, self.recv()).await {
             Ok(r) => r,
-            Err(_) => Err(format!(
-                "the fork-server did not confirm its cleanup within {deadline:?}"
-            )),
+            Err(_) => Err(ForkServerError::CleanupTimeout(deadline)),
         }
     }
 
-    async fn recv(&mut self) -> Result<ServerAnswer, String> {
+    async fn recv(&mut self) -> Result<ServerAnswer, ForkServerError> {
         let mut prefix = [0u8; 4];
         self.conn
             .read_exact(&mut prefix)
             .await
-            .map_err(|e| format!("the fork-server did not answer: {e}"))?;
+            .map_err(ForkServerError::NoAnswer)?;
         let n = u32::from_be_bytes(prefix) as usize;
         if n > MAX_ANSWER {
-            return Err(format!("answer of {n} bytes is too large"));
+            return Err(ForkServerError::AnswerTooLarge(n));
         }
         let mut buf = vec![0u8; n];
         self.conn
             .read_exact(&mut buf)
             .await
-            .map_err(|e| format!("read the fork-server's answer: {e}"))?;
-        let ans = serde_json::from_slice::<ServerAnswer>(&buf)
-            .map_err(|e| format!("bad answer from the fork-server: {e}"))?;
+            .map_err(ForkServerError::Read)?;
+        let ans =
+            serde_json::from_slice::<ServerAnswer>(&buf).map_err(ForkServerError::BadAnswer)?;
         Ok(ans)
     }
 

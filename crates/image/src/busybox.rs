@@ -10,40 +10,70 @@ pub const HOST_BUSYBOX: &str = "/bin/busybox";
 
 const INSTALL_HINT: &str = "install the static build with `apt-get install busybox-static`";
 
+/// Why the built-in busybox image could not be built from the host's binary.
+#[derive(Debug, thiserror::Error)]
+pub enum BusyboxError {
+    #[error("{} is dynamically linked and would not run inside a sandbox; {INSTALL_HINT}", .0.display())]
+    Dynamic(PathBuf),
+    #[error("{} not found; {INSTALL_HINT}", .0.display())]
+    NotFound(PathBuf),
+    #[error("read {}: {source}; {INSTALL_HINT}", path.display())]
+    Read { path: PathBuf, source: io::Error },
+    #[error("run {} --list-full: {source}", path.display())]
+    Run { path: PathBuf, source: io::Error },
+    #[error("{} --list-full failed ({status}): {stderr}; {INSTALL_HINT}", path.display())]
+    ListFailed {
+        path: PathBuf,
+        status: std::process::ExitStatus,
+        stderr: String,
+    },
+    #[error("{} lists no applets; {INSTALL_HINT}", .0.display())]
+    NoApplets(PathBuf),
+    #[error("build busybox root in {}: {source}", root.display())]
+    Populate { root: PathBuf, source: io::Error },
+    /// The store's work directory for the build could not be made.
+    #[error("create {}: {source}", path.display())]
+    WorkDir { path: PathBuf, source: io::Error },
+}
+
 /// Builds the busybox root filesystem in `root` (which must not exist yet) from `busybox`.
-pub fn build_root(busybox: &Path, root: &Path) -> Result<(), String> {
+pub fn build_root(busybox: &Path, root: &Path) -> Result<(), BusyboxError> {
     match is_static_elf(busybox) {
         Ok(true) => {}
-        Ok(false) => {
-            return Err(format!(
-                "{} is dynamically linked and would not run inside a sandbox; {INSTALL_HINT}",
-                busybox.display()
-            ))
-        }
+        Ok(false) => return Err(BusyboxError::Dynamic(busybox.to_path_buf())),
         Err(e) if e.kind() == io::ErrorKind::NotFound => {
-            return Err(format!("{} not found; {INSTALL_HINT}", busybox.display()))
+            return Err(BusyboxError::NotFound(busybox.to_path_buf()))
         }
-        Err(e) => return Err(format!("read {}: {e}; {INSTALL_HINT}", busybox.display())),
+        Err(source) => {
+            return Err(BusyboxError::Read {
+                path: busybox.to_path_buf(),
+                source,
+            })
+        }
     }
     let applets = list_applets(busybox)?;
-    populate(busybox, root, &applets)
-        .map_err(|e| format!("build busybox root in {}: {e}", root.display()))
+    populate(busybox, root, &applets).map_err(|source| BusyboxError::Populate {
+        root: root.to_path_buf(),
+        source,
+    })
 }
 
 /// `busybox --list-full`: applet paths relative to `/` (e.g. `bin/sh`, `usr/bin/env`).
-fn list_applets(busybox: &Path) -> Result<Vec<PathBuf>, String> {
+fn list_applets(busybox: &Path) -> Result<Vec<PathBuf>, BusyboxError> {
     let out = std::process::Command::new(busybox)
         .arg("--list-full")
         .stdin(std::process::Stdio::null())
         .output()
-        .map_err(|e| format!("run {} --list-full: {e}", busybox.display()))?;
+        .map_err(|source| BusyboxError::Run {
+            path: busybox.to_path_buf(),
+            source,
+        })?;
     if !out.status.success() {
-        return Err(format!(
-            "{} --list-full failed ({}): {}; {INSTALL_HINT}",
-            busybox.display(),
-            out.status,
-            String::from_utf8_lossy(&out.stderr).trim()
-        ));
+        return Err(BusyboxError::ListFailed {
+            path: busybox.to_path_buf(),
+            status: out.status,
+            stderr: String::from_utf8_lossy(&out.stderr).trim().to_string(),
+        });
     }
     let text = String::from_utf8_lossy(&out.stdout);
     let mut applets: Vec<PathBuf> = text
@@ -57,10 +87,7 @@ fn list_applets(busybox: &Path) -> Result<Vec<PathBuf>, String> {
         .map(PathBuf::from)
         .collect();
     if applets.is_empty() {
-        return Err(format!(
-            "{} lists no applets; {INSTALL_HINT}",
-            busybox.display()
-        ));
+        return Err(BusyboxError::NoApplets(busybox.to_path_buf()));
     }
     if !applets.iter().any(|p| p == Path::new("bin/sh")) {
         applets.push(PathBuf::from("bin/sh"));
@@ -182,9 +209,13 @@ mod tests {
         let junk = dir.path().join("junk");
         fs::write(&junk, vec![0u8; 100]).unwrap();
         assert!(!is_static_elf(&junk).unwrap());
-        let err = build_root(&junk, &dir.path().join("root")).unwrap_err();
+        let err = build_root(&junk, &dir.path().join("root"))
+            .unwrap_err()
+            .to_string();
         assert!(err.contains("busybox-static"), "{err}");
-        let err = build_root(&dir.path().join("missing"), &dir.path().join("root")).unwrap_err();
+        let err = build_root(&dir.path().join("missing"), &dir.path().join("root"))
+            .unwrap_err()
+            .to_string();
         assert!(
             err.contains("not found") && err.contains("busybox-static"),
             "{err}"

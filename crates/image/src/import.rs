@@ -267,11 +267,43 @@ const OPAQUE_MARKER: &str = ".wh..wh..opq";
 
 /// Unpacks a tar or gzip'd tar stream into `root` (an existing, empty directory).
 /// Errors are human-readable messages naming the offending entry.
-pub fn unpack_tar<R: Read>(reader: R, root: &Path) -> Result<(), String> {
+/// Why a layer tar could not be unpacked; names the offending entry where there is one.
+#[derive(Debug, thiserror::Error)]
+pub enum UnpackError {
+    #[error("read archive: {0}")]
+    Read(io::Error),
+    #[error("the archive is empty; expected a tar or tar.gz stream")]
+    Empty,
+    #[error("unpack directory {}: {source}", path.display())]
+    Root { path: PathBuf, source: io::Error },
+    #[error("not a tar archive: {0}")]
+    NotTar(String),
+    #[error("corrupt tar archive after {entries} entries: {reason}")]
+    Corrupt { entries: usize, reason: String },
+    #[error("entry {index}: bad path: {source}")]
+    BadPath { index: usize, source: io::Error },
+    #[error("entry {0:?} escapes the image root (contains `..`)")]
+    DotDot(String),
+    #[error("entry {0:?} escapes the image root")]
+    Escapes(String),
+    /// A step on one entry failed; `step` is empty or ends in `": "`.
+    #[error("entry {entry:?}: {step}{source}")]
+    Entry {
+        entry: String,
+        step: &'static str,
+        source: io::Error,
+    },
+    #[error("entry {entry:?}: {reason}")]
+    Unpack { entry: String, reason: String },
+    #[error("directory {}: {source}", path.display())]
+    DirMeta { path: PathBuf, source: io::Error },
+}
+
+pub fn unpack_tar<R: Read>(reader: R, root: &Path) -> Result<(), UnpackError> {
     let mut buf = BufReader::with_capacity(1 << 16, reader);
-    let magic = buf.fill_buf().map_err(|e| format!("read archive: {e}"))?;
+    let magic = buf.fill_buf().map_err(UnpackError::Read)?;
     if magic.is_empty() {
-        return Err("the archive is empty; expected a tar or tar.gz stream".into());
+        return Err(UnpackError::Empty);
     }
     let gz = magic.len() >= 2 && magic[0] == 0x1f && magic[1] == 0x8b;
     if gz {
@@ -289,10 +321,11 @@ struct Meta {
     xattrs: Vec<(String, Vec<u8>)>,
 }
 
-fn unpack_plain_tar<R: Read>(reader: R, root: &Path) -> Result<(), String> {
-    let root = root
-        .canonicalize()
-        .map_err(|e| format!("unpack directory {}: {e}", root.display()))?;
+fn unpack_plain_tar<R: Read>(reader: R, root: &Path) -> Result<(), UnpackError> {
+    let root = root.canonicalize().map_err(|source| UnpackError::Root {
+        path: root.to_path_buf(),
+        source,
+    })?;
     let mut ar = tar::Archive::new(reader);
     ar.set_preserve_permissions(true);
     ar.set_preserve_ownerships(true);
@@ -301,31 +334,38 @@ fn unpack_plain_tar<R: Read>(reader: R, root: &Path) -> Result<(), String> {
     ar.set_overwrite(true);
     let entries = ar
         .entries()
-        .map_err(|e| format!("not a tar archive: {}", error_chain(&e)))?;
+        .map_err(|e| UnpackError::NotTar(error_chain(&e)))?;
     // Directory metadata is applied last, deepest first, so creating children neither
     // changes their mtimes nor trips over read-only modes.
     let mut dirs: Vec<(PathBuf, Meta)> = Vec::new();
     for (count, entry) in entries.enumerate() {
         let count = count + 1;
-        let mut e = entry.map_err(|e| {
-            format!(
-                "corrupt tar archive after {} entries: {}",
-                count - 1,
-                error_chain(&e)
-            )
+        let mut e = entry.map_err(|e| UnpackError::Corrupt {
+            entries: count - 1,
+            reason: error_chain(&e),
         })?;
         let raw_path = e
             .path()
-            .map_err(|err| format!("entry {count}: bad path: {err}"))?
+            .map_err(|source| UnpackError::BadPath {
+                index: count,
+                source,
+            })?
             .into_owned();
         let shown = raw_path.display().to_string();
-        let rel = safe_relative(&raw_path)
-            .ok_or_else(|| format!("entry {shown:?} escapes the image root (contains `..`)"))?;
+        let rel = safe_relative(&raw_path).ok_or_else(|| UnpackError::DotDot(shown.clone()))?;
+        let at = |step: &'static str| {
+            let entry = shown.clone();
+            move |source: io::Error| UnpackError::Entry {
+                entry,
+                step,
+                source,
+            }
+        };
         let kind = e.header().entry_type();
         if rel.as_os_str().is_empty() {
             // "./" or "/": the root itself.
             if kind.is_dir() {
-                let meta = entry_meta(&mut e).map_err(|err| format!("entry {shown:?}: {err}"))?;
+                let meta = entry_meta(&mut e).map_err(at(""))?;
                 dirs.push((root.clone(), meta));
             }
             continue;
@@ -335,31 +375,28 @@ fn unpack_plain_tar<R: Read>(reader: R, root: &Path) -> Result<(), String> {
 
         // OCI whiteouts → overlayfs whiteouts.
         if file_name.starts_with(WHITEOUT_PREFIX.as_bytes()) {
-            let parent =
-                ensure_dir(&root, parent_rel).map_err(|err| format!("entry {shown:?}: {err}"))?;
+            let parent = ensure_dir(&root, parent_rel).map_err(at(""))?;
             if file_name == OPAQUE_MARKER.as_bytes() {
-                set_xattr(&parent, OPAQUE_XATTR, b"y")
-                    .map_err(|err| format!("entry {shown:?}: mark directory opaque: {err}"))?;
+                set_xattr(&parent, OPAQUE_XATTR, b"y").map_err(at("mark directory opaque: "))?;
             } else {
                 let target = parent.join(std::ffi::OsStr::from_bytes(
                     &file_name[WHITEOUT_PREFIX.len()..],
                 ));
-                replace_non_dir(&target).map_err(|err| format!("entry {shown:?}: {err}"))?;
+                replace_non_dir(&target).map_err(at(""))?;
                 stat::mknod(&target, SFlag::S_IFCHR, Mode::empty(), stat::makedev(0, 0))
-                    .map_err(|err| format!("entry {shown:?}: create whiteout: {err}"))?;
+                    .map_err(|e| at("create whiteout: ")(e.into()))?;
             }
             continue;
         }
 
         if kind.is_dir() {
-            let dir = ensure_dir(&root, &rel).map_err(|err| format!("entry {shown:?}: {err}"))?;
-            let meta = entry_meta(&mut e).map_err(|err| format!("entry {shown:?}: {err}"))?;
+            let dir = ensure_dir(&root, &rel).map_err(at(""))?;
+            let meta = entry_meta(&mut e).map_err(at(""))?;
             dirs.push((dir, meta));
         } else if kind.is_character_special() || kind.is_block_special() || kind.is_fifo() {
-            let parent =
-                ensure_dir(&root, parent_rel).map_err(|err| format!("entry {shown:?}: {err}"))?;
+            let parent = ensure_dir(&root, parent_rel).map_err(at(""))?;
             let target = parent.join(rel.file_name().unwrap_or_default());
-            let meta = entry_meta(&mut e).map_err(|err| format!("entry {shown:?}: {err}"))?;
+            let meta = entry_meta(&mut e).map_err(at(""))?;
             let (sflag, dev) = if kind.is_fifo() {
                 (SFlag::S_IFIFO, 0)
             } else {
@@ -372,26 +409,25 @@ fn unpack_plain_tar<R: Read>(reader: R, root: &Path) -> Result<(), String> {
                 };
                 (flag, stat::makedev(major.into(), minor.into()))
             };
-            replace_non_dir(&target).map_err(|err| format!("entry {shown:?}: {err}"))?;
+            replace_non_dir(&target).map_err(at(""))?;
             stat::mknod(&target, sflag, Mode::from_bits_truncate(0o600), dev)
-                .map_err(|err| format!("entry {shown:?}: mknod: {err}"))?;
-            apply_meta(&target, &meta).map_err(|err| format!("entry {shown:?}: {err}"))?;
+                .map_err(|e| at("mknod: ")(e.into()))?;
+            apply_meta(&target, &meta).map_err(at(""))?;
         } else {
             // Regular files, symlinks, hard links (and anything else the tar crate knows).
             // Pre-create the parent with our own checks; the tar crate then validates again.
-            ensure_dir(&root, parent_rel).map_err(|err| format!("entry {shown:?}: {err}"))?;
+            ensure_dir(&root, parent_rel).map_err(at(""))?;
             let xattrs = if kind.is_symlink() {
-                entry_meta(&mut e)
-                    .map_err(|err| format!("entry {shown:?}: {err}"))?
-                    .xattrs
+                entry_meta(&mut e).map_err(at(""))?.xattrs
             } else {
                 Vec::new()
             };
-            let unpacked = e
-                .unpack_in(&root)
-                .map_err(|err| format!("entry {shown:?}: {}", error_chain(&err)))?;
+            let unpacked = e.unpack_in(&root).map_err(|err| UnpackError::Unpack {
+                entry: shown.clone(),
+                reason: error_chain(&err),
+            })?;
             if !unpacked {
-                return Err(format!("entry {shown:?} escapes the image root"));
+                return Err(UnpackError::Escapes(shown));
             }
             // The tar crate sets xattrs on regular files only.
             for (k, v) in &xattrs {
@@ -401,7 +437,10 @@ fn unpack_plain_tar<R: Read>(reader: R, root: &Path) -> Result<(), String> {
     }
     dirs.sort_by(|a, b| b.0.cmp(&a.0));
     for (dir, meta) in &dirs {
-        apply_meta(dir, meta).map_err(|err| format!("directory {}: {err}", dir.display()))?;
+        apply_meta(dir, meta).map_err(|source| UnpackError::DirMeta {
+            path: dir.clone(),
+            source,
+        })?;
     }
     Ok(())
 }
@@ -602,7 +641,7 @@ mod tests {
             b.finish().unwrap();
         }
         let dir = tempfile::tempdir().unwrap();
-        let err = unpack_tar(&data[..], dir.path()).unwrap_err();
+        let err = unpack_tar(&data[..], dir.path()).unwrap_err().to_string();
         assert!(err.contains("escapes the image root"), "{err}");
     }
 
@@ -611,6 +650,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         assert!(unpack_tar(&b""[..], dir.path())
             .unwrap_err()
+            .to_string()
             .contains("empty"));
         let garbage = vec![0x42u8; 2000];
         assert!(unpack_tar(&garbage[..], dir.path()).is_err());

@@ -63,6 +63,21 @@ pub struct Index {
     pub images: BTreeMap<String, ImageRecord>,
 }
 
+/// Why the store's index file is not a valid index.
+#[derive(Debug, thiserror::Error)]
+pub enum IndexParseError {
+    #[error("{0}")]
+    Json(#[from] serde_json::Error),
+    #[error("unsupported index version {0}")]
+    Version(u32),
+    #[error("bad image name {0:?}")]
+    BadName(String),
+    #[error("image {0} has no layers")]
+    NoLayers(String),
+    #[error("image {image} has a bad layer digest {digest:?}")]
+    BadDigest { image: String, digest: String },
+}
+
 impl Index {
     pub fn new() -> Self {
         Index {
@@ -81,29 +96,29 @@ impl Index {
         };
         Self::parse(&bytes).map_err(|msg| ImageError::Corrupt {
             path: path.clone(),
-            message: msg,
+            message: msg.to_string(),
         })
     }
 
     /// Parses and validates an index (names canonical, digests well-formed).
-    pub fn parse(bytes: &[u8]) -> Result<Self, String> {
-        let idx: Index = serde_json::from_slice(bytes).map_err(|e| e.to_string())?;
+    pub fn parse(bytes: &[u8]) -> Result<Self, IndexParseError> {
+        let idx: Index = serde_json::from_slice(bytes)?;
         if idx.version != INDEX_VERSION {
-            return Err(format!("unsupported index version {}", idx.version));
+            return Err(IndexParseError::Version(idx.version));
         }
         for (image, rec) in &idx.images {
             match name::canonical(image) {
                 Ok(c) if &c == image => {}
-                _ => return Err(format!("bad image name {image:?}")),
+                _ => return Err(IndexParseError::BadName(image.clone())),
             }
             if rec.layers.is_empty() {
-                return Err(format!("image {image} has no layers"));
+                return Err(IndexParseError::NoLayers(image.clone()));
             }
             if let Some(l) = rec.layers.iter().find(|l| !name::is_digest(&l.digest)) {
-                return Err(format!(
-                    "image {image} has a bad layer digest {:?}",
-                    l.digest
-                ));
+                return Err(IndexParseError::BadDigest {
+                    image: image.clone(),
+                    digest: l.digest.clone(),
+                });
             }
         }
         Ok(idx)
@@ -207,13 +222,17 @@ mod tests {
         let bytes = serde_json::to_vec(&idx).unwrap();
         assert!(Index::parse(&bytes)
             .unwrap_err()
+            .to_string()
             .contains("bad layer digest"));
 
         let mut idx = sample();
         let rec = idx.images.remove("tool:v1").unwrap();
         idx.images.insert("tool".into(), rec);
         let bytes = serde_json::to_vec(&idx).unwrap();
-        assert!(Index::parse(&bytes).unwrap_err().contains("bad image name"));
+        assert!(Index::parse(&bytes)
+            .unwrap_err()
+            .to_string()
+            .contains("bad image name"));
 
         assert!(Index::parse(b"{not json").is_err());
     }

@@ -66,19 +66,78 @@ pub(crate) struct OciManifest {
     pub layers: Vec<OciDescriptor>,
 }
 
+/// Why an image archive (docker archive, OCI layout) or one of its blobs cannot be used.
+#[derive(Debug, thiserror::Error)]
+pub enum ArchiveError {
+    #[error("a plain tar has no layer list")]
+    NoLayerList,
+    /// A file of the archive's own layout (`manifest.json`, `index.json`, a manifest blob)
+    /// could not be read: `what` names the format and the file.
+    #[error("{what}: read {file}: {source}")]
+    Read {
+        what: &'static str,
+        file: String,
+        source: io::Error,
+    },
+    #[error("{what}: bad {file}: {source}")]
+    Bad {
+        what: &'static str,
+        file: String,
+        source: serde_json::Error,
+    },
+    #[error("docker archive: manifest.json lists no image")]
+    NoImage,
+    #[error("OCI layout: index.json lists no manifest")]
+    NoManifest,
+    #[error("empty index")]
+    EmptyIndex,
+    #[error("OCI layout: indexes nested too deeply")]
+    NestedTooDeeply,
+    #[error("bad digest {0:?}")]
+    BadDigest(String),
+    #[error("unsupported digest {0:?} (sha256 only)")]
+    UnsupportedDigest(String),
+    #[error("open blob {digest}: {source}")]
+    OpenBlob { digest: String, source: io::Error },
+    #[error("read blob {digest}: {source}")]
+    ReadBlob { digest: String, source: io::Error },
+    #[error("blob {digest} is corrupt (its sha256 is {got})")]
+    CorruptBlob { digest: String, got: String },
+    #[error("layer path {0:?} leaves the archive")]
+    LeavesArchive(String),
+    #[error("not a tar archive: {0}")]
+    NotTar(io::Error),
+    #[error("corrupt archive: {0}")]
+    CorruptTar(io::Error),
+    #[error("unpack archive entry: {0}")]
+    Unpack(io::Error),
+    #[error("archive entry escapes the archive")]
+    EntryEscapes,
+}
+
+const DOCKER: &str = "docker archive";
+const OCI: &str = "OCI layout";
+
 /// The layer files (bottom first) of an unpacked archive in `dir`.
-pub fn layer_files(dir: &Path, format: ArchiveFormat) -> Result<Vec<PathBuf>, String> {
+pub fn layer_files(dir: &Path, format: ArchiveFormat) -> Result<Vec<PathBuf>, ArchiveError> {
+    let read = |what, file: &str| {
+        fs::read(dir.join(file)).map_err(|source| ArchiveError::Read {
+            what,
+            file: file.to_string(),
+            source,
+        })
+    };
+    let bad = |what, file: &str| {
+        let file = file.to_string();
+        move |source| ArchiveError::Bad { what, file, source }
+    };
     match format {
-        ArchiveFormat::Tar => Err("a plain tar has no layer list".into()),
+        ArchiveFormat::Tar => Err(ArchiveError::NoLayerList),
         ArchiveFormat::DockerArchive => {
-            let text = fs::read(dir.join("manifest.json"))
-                .map_err(|e| format!("docker archive: read manifest.json: {e}"))?;
-            let m: Vec<DockerManifestEntry> = serde_json::from_slice(&text)
-                .map_err(|e| format!("docker archive: bad manifest.json: {e}"))?;
-            let first = m
-                .into_iter()
-                .next()
-                .ok_or("docker archive: manifest.json lists no image")?;
+            let text = read(DOCKER, "manifest.json")?;
+            let m: Vec<DockerManifestEntry> =
+                serde_json::from_slice(&text).map_err(bad(DOCKER, "manifest.json"))?;
+            let first = m.into_iter().next().ok_or(ArchiveError::NoImage)?;
             first
                 .layers
                 .iter()
@@ -86,25 +145,31 @@ pub fn layer_files(dir: &Path, format: ArchiveFormat) -> Result<Vec<PathBuf>, St
                 .collect::<Result<Vec<_>, _>>()
         }
         ArchiveFormat::Oci => {
-            let text = fs::read(dir.join("index.json"))
-                .map_err(|e| format!("OCI layout: read index.json: {e}"))?;
-            let idx: OciIndex = serde_json::from_slice(&text)
-                .map_err(|e| format!("OCI layout: bad index.json: {e}"))?;
+            let text = read(OCI, "index.json")?;
+            let idx: OciIndex = serde_json::from_slice(&text).map_err(bad(OCI, "index.json"))?;
             let mut desc = idx
                 .manifests
                 .into_iter()
                 .next()
-                .ok_or("OCI layout: index.json lists no manifest")?;
+                .ok_or(ArchiveError::NoManifest)?;
             // Follow nested indexes (multi-platform images): take the first manifest.
             for _ in 0..4 {
                 let blob = oci_blob(dir, &desc.digest)?;
-                let m: OciManifest = serde_json::from_slice(
-                    &fs::read(&blob)
-                        .map_err(|e| format!("OCI layout: read {}: {e}", desc.digest))?,
-                )
-                .map_err(|e| format!("OCI layout: bad manifest {}: {e}", desc.digest))?;
+                let m: OciManifest =
+                    serde_json::from_slice(&fs::read(&blob).map_err(|source| {
+                        ArchiveError::Read {
+                            what: OCI,
+                            file: desc.digest.clone(),
+                            source,
+                        }
+                    })?)
+                    .map_err(bad(OCI, &format!("manifest {}", desc.digest)))?;
                 if m.layers.is_empty() && !m.manifests.is_empty() {
-                    desc = m.manifests.into_iter().next().ok_or("empty index")?;
+                    desc = m
+                        .manifests
+                        .into_iter()
+                        .next()
+                        .ok_or(ArchiveError::EmptyIndex)?;
                     continue;
                 }
                 let _ = desc.media_type;
@@ -118,63 +183,66 @@ pub fn layer_files(dir: &Path, format: ArchiveFormat) -> Result<Vec<PathBuf>, St
                     })
                     .collect();
             }
-            Err("OCI layout: indexes nested too deeply".into())
+            Err(ArchiveError::NestedTooDeeply)
         }
     }
 }
 
 /// `blobs/<alg>/<hex>` for a digest `sha256:<hex>`.
-pub(crate) fn oci_blob(dir: &Path, digest: &str) -> Result<PathBuf, String> {
+pub(crate) fn oci_blob(dir: &Path, digest: &str) -> Result<PathBuf, ArchiveError> {
     let (alg, hex) = digest
         .split_once(':')
-        .ok_or_else(|| format!("bad digest {digest:?}"))?;
+        .ok_or_else(|| ArchiveError::BadDigest(digest.to_string()))?;
     if alg != "sha256" || !crate::name::is_digest(hex) {
-        return Err(format!("unsupported digest {digest:?} (sha256 only)"));
+        return Err(ArchiveError::UnsupportedDigest(digest.to_string()));
     }
     Ok(dir.join("blobs").join(alg).join(hex))
 }
 
 /// Checks that the file's sha256 is `digest` (`sha256:<hex>`).
-pub(crate) fn verify_sha256(p: &Path, digest: &str) -> Result<(), String> {
-    let mut f = fs::File::open(p).map_err(|e| format!("open blob {digest}: {e}"))?;
+pub(crate) fn verify_sha256(p: &Path, digest: &str) -> Result<(), ArchiveError> {
+    let mut f = fs::File::open(p).map_err(|source| ArchiveError::OpenBlob {
+        digest: digest.to_string(),
+        source,
+    })?;
     let mut h = Sha256::new();
-    io::copy(&mut f, &mut h).map_err(|e| format!("read blob {digest}: {e}"))?;
+    io::copy(&mut f, &mut h).map_err(|source| ArchiveError::ReadBlob {
+        digest: digest.to_string(),
+        source,
+    })?;
     let got = format!("sha256:{}", hex::encode(h.finalize()));
     if got != digest {
-        return Err(format!("blob {digest} is corrupt (its sha256 is {got})"));
+        return Err(ArchiveError::CorruptBlob {
+            digest: digest.to_string(),
+            got,
+        });
     }
     Ok(())
 }
 
 /// `dir/rel`, refusing paths that leave `dir`.
-fn inside(dir: &Path, rel: &str) -> Result<PathBuf, String> {
+fn inside(dir: &Path, rel: &str) -> Result<PathBuf, ArchiveError> {
     let p = Path::new(rel);
     if p.is_absolute()
         || p.components()
             .any(|c| !matches!(c, std::path::Component::Normal(_)))
     {
-        return Err(format!("layer path {rel:?} leaves the archive"));
+        return Err(ArchiveError::LeavesArchive(rel.to_string()));
     }
     Ok(dir.join(p))
 }
 
 /// Unpacks an archive's outer tar (no whiteout handling: these are the archive's own files).
-pub fn unpack_outer<R: io::Read>(reader: R, dir: &Path) -> Result<(), String> {
+pub fn unpack_outer<R: io::Read>(reader: R, dir: &Path) -> Result<(), ArchiveError> {
     let mut ar = tar::Archive::new(reader);
-    for entry in ar
-        .entries()
-        .map_err(|e| format!("not a tar archive: {e}"))?
-    {
-        let mut e = entry.map_err(|e| format!("corrupt archive: {e}"))?;
+    for entry in ar.entries().map_err(ArchiveError::NotTar)? {
+        let mut e = entry.map_err(ArchiveError::CorruptTar)?;
         let kind = e.header().entry_type();
         if !(kind.is_file() || kind.is_dir()) {
             continue;
         }
-        if !e
-            .unpack_in(dir)
-            .map_err(|err| format!("unpack archive entry: {err}"))?
-        {
-            return Err("archive entry escapes the archive".into());
+        if !e.unpack_in(dir).map_err(ArchiveError::Unpack)? {
+            return Err(ArchiveError::EntryEscapes);
         }
     }
     Ok(())

@@ -30,6 +30,92 @@ use std::time::Duration;
 use serde::Deserialize;
 use sha2::{Digest, Sha256};
 
+/// What went wrong parsing a reference, reaching a registry or downloading from it.
+#[derive(Debug, thiserror::Error)]
+pub enum RegistryError {
+    #[error(
+        "bad registry reference {reference:?}: {why}; use HOST[:PORT]/REPO[:TAG|@sha256:DIGEST]"
+    )]
+    BadReference {
+        reference: String,
+        why: &'static str,
+    },
+    #[error("no PEM certificate (-----BEGIN CERTIFICATE-----) in the CA file")]
+    NoPemMarker,
+    #[error("bad PEM CA certificate: {0}")]
+    BadPem(String),
+    #[error("no PEM certificate in the CA file")]
+    NoPem,
+    #[error("registry {host} is not on loopback: plain HTTP needs insecure (CLI: --insecure); drop http:// to use TLS")]
+    PlainHttpRefused { host: String },
+    #[error("HTTP client: {0}")]
+    Client(reqwest::Error),
+    /// A request that failed or whose body could not be read (`reason`: the error chain,
+    /// with advice for an untrusted certificate).
+    #[error("GET {url}: {reason}")]
+    Get { url: String, reason: String },
+    #[error("GET {url}: 401 without a usable WWW-Authenticate challenge")]
+    NoChallenge { url: String },
+    #[error("GET {url}: {status}: {body}")]
+    Status {
+        url: String,
+        status: reqwest::StatusCode,
+        body: String,
+    },
+    #[error("GET {url}: still unauthorized after authenticating; check the credentials")]
+    StillUnauthorized { url: String },
+    #[error("the registry wants basic credentials: pass a username and password")]
+    NeedCredentials,
+    #[error("bearer challenge without a realm")]
+    NoRealm,
+    #[error("bad token realm {realm:?}: {reason}")]
+    BadRealm { realm: String, reason: String },
+    #[error("token realm {realm} is not an http(s) URL")]
+    RealmNotHttp { realm: String },
+    #[error("token server {realm}: {reason}")]
+    TokenServer { realm: String, reason: String },
+    #[error("token server {realm} refused ({status}); check the credentials")]
+    TokenRefused {
+        realm: String,
+        status: reqwest::StatusCode,
+    },
+    #[error("token server {realm} returned no token")]
+    NoToken { realm: String },
+    #[error("unsupported registry auth scheme {0:?}")]
+    UnsupportedAuth(String),
+    #[error("manifest {0} is too large")]
+    ManifestTooLarge(String),
+    #[error("manifest {reference} does not match its digest (got {got})")]
+    ManifestDigest { reference: String, got: String },
+    #[error("bad manifest {reference}: {source}")]
+    BadManifest {
+        reference: String,
+        source: serde_json::Error,
+    },
+    #[error("manifest {digest} ({media_type}) lists no layers")]
+    NoLayers { digest: String, media_type: String },
+    #[error("layer {digest} is zstd-compressed ({media_type}); only tar and tar+gzip layers are supported")]
+    Zstd { digest: String, media_type: String },
+    #[error(transparent)]
+    Digest(#[from] crate::oci::ArchiveError),
+    #[error("create {}: {source}", path.display())]
+    CreateBlob {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("download {digest}: {reason}")]
+    Download { digest: String, reason: String },
+    #[error("write {}: {source}", path.display())]
+    WriteBlob {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("layer {digest} is larger than the manifest says ({size} bytes)")]
+    LayerTooLarge { digest: String, size: u64 },
+    #[error("layer {digest} failed verification: downloaded bytes hash to {got}")]
+    LayerDigest { digest: String, got: String },
+}
+
 /// A parsed `host[:port]/repo[:tag|@sha256:...]`.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Reference {
@@ -45,7 +131,7 @@ pub struct Reference {
 impl Reference {
     /// Parses a reference. The first component must be a registry host (contains `.` or `:`,
     /// or is `localhost`); an optional `https://` or `http://` prefix chooses the transport.
-    pub fn parse(s: &str) -> Result<Self, String> {
+    pub fn parse(s: &str) -> Result<Self, RegistryError> {
         let (s, tls) = if let Some(rest) = s.strip_prefix("https://") {
             (rest, Some(true))
         } else if let Some(rest) = s.strip_prefix("http://") {
@@ -53,10 +139,9 @@ impl Reference {
         } else {
             (s, None)
         };
-        let bad = |why: &str| {
-            format!(
-                "bad registry reference {s:?}: {why}; use HOST[:PORT]/REPO[:TAG|@sha256:DIGEST]"
-            )
+        let bad = |why: &'static str| RegistryError::BadReference {
+            reference: s.to_string(),
+            why,
         };
         if s.len() > 512 || s.chars().any(|c| c.is_whitespace() || c.is_control()) {
             return Err(bad("malformed"));
@@ -127,14 +212,14 @@ pub struct PullOptions {
 }
 
 /// Parses a PEM bundle into certificates; refuses a bundle without any.
-pub fn parse_ca_pem(pem: &str) -> Result<Vec<reqwest::Certificate>, String> {
+pub fn parse_ca_pem(pem: &str) -> Result<Vec<reqwest::Certificate>, RegistryError> {
     if !pem.contains("-----BEGIN CERTIFICATE-----") {
-        return Err("no PEM certificate (-----BEGIN CERTIFICATE-----) in the CA file".into());
+        return Err(RegistryError::NoPemMarker);
     }
     let certs = reqwest::Certificate::from_pem_bundle(pem.as_bytes())
-        .map_err(|e| format!("bad PEM CA certificate: {}", error_chain(&e)))?;
+        .map_err(|e| RegistryError::BadPem(error_chain(&e)))?;
     if certs.is_empty() {
-        return Err("no PEM certificate in the CA file".into());
+        return Err(RegistryError::NoPem);
     }
     Ok(certs)
 }
@@ -267,14 +352,13 @@ pub(crate) fn parse_challenge(h: &str) -> Option<Challenge> {
 }
 
 impl<'a> Session<'a> {
-    pub(crate) fn new(r: &'a Reference, opts: &'a PullOptions) -> Result<Self, String> {
+    pub(crate) fn new(r: &'a Reference, opts: &'a PullOptions) -> Result<Self, RegistryError> {
         let tls = match r.tls {
             Some(true) => true,
             Some(false) if !opts.insecure && !r.is_loopback() => {
-                return Err(format!(
-                    "registry {} is not on loopback: plain HTTP needs insecure (CLI: --insecure); drop http:// to use TLS",
-                    r.host
-                ));
+                return Err(RegistryError::PlainHttpRefused {
+                    host: r.host.clone(),
+                });
             }
             Some(false) => false,
             None => !(opts.insecure || r.is_loopback()),
@@ -288,7 +372,7 @@ impl<'a> Session<'a> {
                 b = b.add_root_certificate(c);
             }
         }
-        let http = b.build().map_err(|e| format!("HTTP client: {e}"))?;
+        let http = b.build().map_err(RegistryError::Client)?;
         Ok(Session {
             http,
             base: format!("{}://{}", if tls { "https" } else { "http" }, r.host),
@@ -299,7 +383,11 @@ impl<'a> Session<'a> {
     }
 
     /// GET with the current credentials; on a 401 fetches a token once and retries.
-    async fn get(&mut self, url: &str, accept: Option<&str>) -> Result<reqwest::Response, String> {
+    async fn get(
+        &mut self,
+        url: &str,
+        accept: Option<&str>,
+    ) -> Result<reqwest::Response, RegistryError> {
         for attempt in 0..2 {
             let mut req = self.http.get(url);
             if let Some(a) = accept {
@@ -308,18 +396,18 @@ impl<'a> Session<'a> {
             if let Some(auth) = &self.auth {
                 req = req.header(reqwest::header::AUTHORIZATION, auth);
             }
-            let resp = req
-                .send()
-                .await
-                .map_err(|e| format!("GET {url}: {}", request_error(&self.r.host, &e)))?;
+            let resp = req.send().await.map_err(|e| RegistryError::Get {
+                url: url.to_string(),
+                reason: request_error(&self.r.host, &e),
+            })?;
             if resp.status() == reqwest::StatusCode::UNAUTHORIZED && attempt == 0 {
                 let challenge = resp
                     .headers()
                     .get(reqwest::header::WWW_AUTHENTICATE)
                     .and_then(|v| v.to_str().ok())
                     .and_then(parse_challenge)
-                    .ok_or_else(|| {
-                        format!("GET {url}: 401 without a usable WWW-Authenticate challenge")
+                    .ok_or_else(|| RegistryError::NoChallenge {
+                        url: url.to_string(),
                     })?;
                 self.authenticate(&challenge).await?;
                 continue;
@@ -328,16 +416,20 @@ impl<'a> Session<'a> {
                 let status = resp.status();
                 let body = resp.text().await.unwrap_or_default();
                 let body: String = body.chars().take(300).collect();
-                return Err(format!("GET {url}: {status}: {}", body.trim()));
+                return Err(RegistryError::Status {
+                    url: url.to_string(),
+                    status,
+                    body: body.trim().to_string(),
+                });
             }
             return Ok(resp);
         }
-        Err(format!(
-            "GET {url}: still unauthorized after authenticating; check the credentials"
-        ))
+        Err(RegistryError::StillUnauthorized {
+            url: url.to_string(),
+        })
     }
 
-    async fn authenticate(&mut self, c: &Challenge) -> Result<(), String> {
+    async fn authenticate(&mut self, c: &Challenge) -> Result<(), RegistryError> {
         let param = |k: &str| {
             c.params
                 .iter()
@@ -347,19 +439,19 @@ impl<'a> Session<'a> {
         match c.scheme.as_str() {
             "basic" => {
                 let (Some(u), Some(p)) = (&self.opts.username, &self.opts.password) else {
-                    return Err(
-                        "the registry wants basic credentials: pass a username and password".into(),
-                    );
+                    return Err(RegistryError::NeedCredentials);
                 };
                 self.auth = Some(format!("Basic {}", base64(&format!("{u}:{p}"))));
                 Ok(())
             }
             "bearer" => {
-                let realm = param("realm").ok_or("bearer challenge without a realm")?;
-                let mut url = reqwest::Url::parse(&realm)
-                    .map_err(|e| format!("bad token realm {realm:?}: {e}"))?;
+                let realm = param("realm").ok_or(RegistryError::NoRealm)?;
+                let mut url = reqwest::Url::parse(&realm).map_err(|e| RegistryError::BadRealm {
+                    realm: realm.clone(),
+                    reason: e.to_string(),
+                })?;
                 if !matches!(url.scheme(), "http" | "https") {
-                    return Err(format!("token realm {realm} is not an http(s) URL"));
+                    return Err(RegistryError::RealmNotHttp { realm });
                 }
                 let scope =
                     param("scope").unwrap_or_else(|| format!("repository:{}:pull", self.r.repo));
@@ -374,36 +466,41 @@ impl<'a> Session<'a> {
                 if let (Some(u), Some(p)) = (&self.opts.username, &self.opts.password) {
                     req = req.basic_auth(u, Some(p));
                 }
-                let resp = req
-                    .send()
-                    .await
-                    .map_err(|e| format!("token server {realm}: {}", request_error(&realm, &e)))?;
+                let resp = req.send().await.map_err(|e| RegistryError::TokenServer {
+                    realm: realm.clone(),
+                    reason: request_error(&realm, &e),
+                })?;
                 if !resp.status().is_success() {
-                    return Err(format!(
-                        "token server {realm} refused ({}); check the credentials",
-                        resp.status()
-                    ));
+                    return Err(RegistryError::TokenRefused {
+                        realm,
+                        status: resp.status(),
+                    });
                 }
-                let body = resp
-                    .bytes()
-                    .await
-                    .map_err(|e| format!("token server {realm}: {e}"))?;
-                let t: TokenReply = serde_json::from_slice(&body)
-                    .map_err(|e| format!("token server {realm}: bad reply: {e}"))?;
+                let body = resp.bytes().await.map_err(|e| RegistryError::TokenServer {
+                    realm: realm.clone(),
+                    reason: e.to_string(),
+                })?;
+                let t: TokenReply =
+                    serde_json::from_slice(&body).map_err(|e| RegistryError::TokenServer {
+                        realm: realm.clone(),
+                        reason: format!("bad reply: {e}"),
+                    })?;
                 let token = t
                     .token
                     .or(t.access_token)
                     .filter(|t| !t.is_empty())
-                    .ok_or_else(|| format!("token server {realm} returned no token"))?;
+                    .ok_or_else(|| RegistryError::NoToken {
+                        realm: realm.clone(),
+                    })?;
                 self.auth = Some(format!("Bearer {token}"));
                 Ok(())
             }
-            other => Err(format!("unsupported registry auth scheme {other:?}")),
+            other => Err(RegistryError::UnsupportedAuth(other.to_string())),
         }
     }
 
     /// Fetches a manifest (by tag or digest), verifying its digest when known.
-    async fn manifest(&mut self, reference: &str) -> Result<(Manifest, String), String> {
+    async fn manifest(&mut self, reference: &str) -> Result<(Manifest, String), RegistryError> {
         let url = format!("{}/v2/{}/manifests/{}", self.base, self.r.repo, reference);
         let resp = self.get(&url, Some(MANIFEST_TYPES)).await?;
         let ctype = resp
@@ -412,21 +509,25 @@ impl<'a> Session<'a> {
             .and_then(|v| v.to_str().ok())
             .unwrap_or("")
             .to_string();
-        let body = resp
-            .bytes()
-            .await
-            .map_err(|e| format!("GET {url}: {}", error_chain(&e)))?;
+        let body = resp.bytes().await.map_err(|e| RegistryError::Get {
+            url: url.clone(),
+            reason: error_chain(&e),
+        })?;
         if body.len() > MAX_MANIFEST_BYTES {
-            return Err(format!("manifest {reference} is too large"));
+            return Err(RegistryError::ManifestTooLarge(reference.to_string()));
         }
         let digest = format!("sha256:{}", hex::encode(Sha256::digest(&body)));
         if reference.starts_with("sha256:") && digest != reference {
-            return Err(format!(
-                "manifest {reference} does not match its digest (got {digest})"
-            ));
+            return Err(RegistryError::ManifestDigest {
+                reference: reference.to_string(),
+                got: digest,
+            });
         }
         let mut m: Manifest =
-            serde_json::from_slice(&body).map_err(|e| format!("bad manifest {reference}: {e}"))?;
+            serde_json::from_slice(&body).map_err(|source| RegistryError::BadManifest {
+                reference: reference.to_string(),
+                source,
+            })?;
         if m.media_type.is_empty() {
             m.media_type = ctype;
         }
@@ -434,7 +535,7 @@ impl<'a> Session<'a> {
     }
 
     /// Resolves the reference to an image manifest (following one index level).
-    async fn resolve(&mut self) -> Result<(Vec<Descriptor>, String), String> {
+    async fn resolve(&mut self) -> Result<(Vec<Descriptor>, String), RegistryError> {
         let reference = self.r.reference.clone();
         let (mut m, mut digest) = self.manifest(&reference).await?;
         for _ in 0..2 {
@@ -457,17 +558,17 @@ impl<'a> Session<'a> {
             digest = dg;
         }
         if m.layers.is_empty() {
-            return Err(format!(
-                "manifest {digest} ({}) lists no layers",
-                m.media_type
-            ));
+            return Err(RegistryError::NoLayers {
+                digest,
+                media_type: m.media_type,
+            });
         }
         for l in &m.layers {
             if l.media_type.contains("zstd") {
-                return Err(format!(
-                    "layer {} is zstd-compressed ({}); only tar and tar+gzip layers are supported",
-                    l.digest, l.media_type
-                ));
+                return Err(RegistryError::Zstd {
+                    digest: l.digest.clone(),
+                    media_type: l.media_type.clone(),
+                });
             }
             crate::oci::oci_blob(Path::new(""), &l.digest)?;
         }
@@ -481,29 +582,33 @@ impl<'a> Session<'a> {
         d: &Descriptor,
         dst: &Path,
         progress: &ProgressFn,
-    ) -> Result<u64, String> {
+    ) -> Result<u64, RegistryError> {
         let url = format!("{}/v2/{}/blobs/{}", self.base, self.r.repo, d.digest);
         let mut resp = self.get(&url, None).await?;
         let total = resp.content_length().unwrap_or(d.size);
-        let mut f =
-            std::fs::File::create(dst).map_err(|e| format!("create {}: {e}", dst.display()))?;
+        let mut f = std::fs::File::create(dst).map_err(|source| RegistryError::CreateBlob {
+            path: dst.to_path_buf(),
+            source,
+        })?;
         let mut h = Sha256::new();
         let mut done = 0u64;
         let mut last = std::time::Instant::now();
-        while let Some(chunk) = resp
-            .chunk()
-            .await
-            .map_err(|e| format!("download {}: {}", d.digest, error_chain(&e)))?
-        {
+        while let Some(chunk) = resp.chunk().await.map_err(|e| RegistryError::Download {
+            digest: d.digest.clone(),
+            reason: error_chain(&e),
+        })? {
             h.update(&chunk);
             f.write_all(&chunk)
-                .map_err(|e| format!("write {}: {e}", dst.display()))?;
+                .map_err(|source| RegistryError::WriteBlob {
+                    path: dst.to_path_buf(),
+                    source,
+                })?;
             done += chunk.len() as u64;
             if d.size > 0 && done > d.size {
-                return Err(format!(
-                    "layer {} is larger than the manifest says ({} bytes)",
-                    d.digest, d.size
-                ));
+                return Err(RegistryError::LayerTooLarge {
+                    digest: d.digest.clone(),
+                    size: d.size,
+                });
             }
             if last.elapsed() >= Duration::from_millis(200) {
                 last = std::time::Instant::now();
@@ -523,10 +628,10 @@ impl<'a> Session<'a> {
         });
         let got = format!("sha256:{}", hex::encode(h.finalize()));
         if got != d.digest {
-            return Err(format!(
-                "layer {} failed verification: downloaded bytes hash to {got}",
-                d.digest
-            ));
+            return Err(RegistryError::LayerDigest {
+                digest: d.digest.clone(),
+                got,
+            });
         }
         Ok(done)
     }
@@ -539,7 +644,7 @@ pub(crate) async fn download(
     opts: &PullOptions,
     work: &Path,
     progress: &ProgressFn,
-) -> Result<(Vec<PathBuf>, String), String> {
+) -> Result<(Vec<PathBuf>, String), RegistryError> {
     let mut s = Session::new(r, opts)?;
     let (layers, digest) = s.resolve().await?;
     progress(PullProgress::Manifest {
@@ -658,7 +763,9 @@ mod tests {
             base("https://127.0.0.1:5000/app", false).unwrap(),
             "https://127.0.0.1:5000"
         );
-        let e = base("http://reg.example.test/app", false).unwrap_err();
+        let e = base("http://reg.example.test/app", false)
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("--insecure"), "{e}");
         assert_eq!(
             base("http://reg.example.test/app", true).unwrap(),
@@ -668,7 +775,7 @@ mod tests {
 
     #[test]
     fn ca_pem_is_checked() {
-        let e = parse_ca_pem("not a certificate").unwrap_err();
+        let e = parse_ca_pem("not a certificate").unwrap_err().to_string();
         assert!(e.contains("BEGIN CERTIFICATE"), "{e}");
         let r = Reference::parse("https://reg.example.test/app").unwrap();
         let opts = PullOptions {

@@ -24,8 +24,11 @@ pub enum PauseError {
     #[error("sandbox {id} is gone")]
     Gone { id: String },
     /// Restoring a VM from its snapshot failed.
-    #[error("restore sandbox {id}: {reason}")]
-    Restore { id: String, reason: String },
+    #[error("restore sandbox {id}: {source}")]
+    Restore {
+        id: String,
+        source: crate::qemu::VmError,
+    },
     /// Any other step of a pause or resume (snapshot, reclaim, the blocking task).
     #[error("pause task: {0}")]
     Task(String),
@@ -54,6 +57,9 @@ pub enum AdoptError {
     },
     /// A paused VM's directory cannot be adopted (its snapshot or launch record is missing or
     /// unreadable).
-    #[error("sandbox {id}: adopt the paused VM: {reason}")]
-    PausedVm { id: String, reason: String },
+    #[error("sandbox {id}: adopt the paused VM: {source}")]
+    PausedVm {
+        id: String,
+        source: crate::qemu::VmError,
+    },
 }

@@ -173,7 +173,7 @@ pub enum ResolveImageError {
 
 /// Why a node cannot run a substrate (its binaries or guest artefacts are missing); the
 /// message says how to fix it.
-#[derive(Debug, thiserror::Error)]
+#[derive(Debug, Clone, thiserror::Error)]
 #[error("{0}")]
 pub struct Unavailable(pub String);
 
@@ -203,9 +203,9 @@ pub struct OpenContext {
     pub disk_bps_limit: u64,
     /// The microVM substrate's configuration and its templates' (from the edge config's
     /// `[edge.microvm]`), or why there is none.
-    pub microvm: Result<(MicroVmConfig, TemplateConfig), String>,
+    pub microvm: Result<(MicroVmConfig, TemplateConfig), Unavailable>,
     /// The full-VM substrate's configuration (`[edge.vm]`), or why there is none.
-    pub vm: Result<FullVmConfig, String>,
+    pub vm: Result<FullVmConfig, Unavailable>,
 }
 
 impl Default for OpenContext {
@@ -219,8 +219,10 @@ impl Default for OpenContext {
             data_dir: PathBuf::new(),
             cache_dir: PathBuf::new(),
             disk_bps_limit: 0,
-            microvm: Err("no [edge.microvm] configuration was given".into()),
-            vm: Err("no [edge.vm] configuration was given".into()),
+            microvm: Err(Unavailable(
+                "no [edge.microvm] configuration was given".into(),
+            )),
+            vm: Err(Unavailable("no [edge.vm] configuration was given".into())),
         }
     }
 }

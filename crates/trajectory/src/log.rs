@@ -56,7 +56,7 @@ pub enum OpenLogError {
     Corrupt {
         path: PathBuf,
         offset: u64,
-        why: String,
+        why: FrameError,
     },
 }
 
@@ -98,33 +98,52 @@ pub struct Position {
     pub len: u32,
 }
 
+/// Why the bytes at an offset are not a valid frame.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum FrameError {
+    #[error("{0} bytes, shorter than a frame header")]
+    ShortHeader(usize),
+    #[error("bad magic")]
+    BadMagic,
+    #[error("length {0} above the limit")]
+    TooLong(u32),
+    #[error("frame of {end} bytes but only {left} left (torn write)")]
+    Torn { end: usize, left: usize },
+    #[error("CRC mismatch")]
+    CrcMismatch,
+    #[error("undecodable record: {0}")]
+    Undecodable(String),
+    #[error("seq {found} where {expected} was expected")]
+    OutOfSequence { found: u64, expected: u64 },
+}
+
 /// The frame at `off`: `Ok((record, frame_len))` or why it is not a valid frame.
-fn decode_at(buf: &[u8], off: usize) -> Result<(TrajectoryRecord, usize), String> {
+fn decode_at(buf: &[u8], off: usize) -> Result<(TrajectoryRecord, usize), FrameError> {
     let rest = &buf[off..];
     if rest.len() < HEADER {
-        return Err(format!("{} bytes, shorter than a frame header", rest.len()));
+        return Err(FrameError::ShortHeader(rest.len()));
     }
     if rest[..4] != MAGIC {
-        return Err("bad magic".into());
+        return Err(FrameError::BadMagic);
     }
     let len = u32::from_le_bytes([rest[4], rest[5], rest[6], rest[7]]);
     let crc = u32::from_le_bytes([rest[8], rest[9], rest[10], rest[11]]);
     if len > MAX_PAYLOAD {
-        return Err(format!("length {len} above the limit"));
+        return Err(FrameError::TooLong(len));
     }
     let end = HEADER + len as usize;
     if rest.len() < end {
-        return Err(format!(
-            "frame of {end} bytes but only {} left (torn write)",
-            rest.len()
-        ));
+        return Err(FrameError::Torn {
+            end,
+            left: rest.len(),
+        });
     }
     let payload = &rest[HEADER..end];
     if crc32(payload) != crc {
-        return Err("CRC mismatch".into());
+        return Err(FrameError::CrcMismatch);
     }
     let rec: TrajectoryRecord =
-        serde_json::from_slice(payload).map_err(|e| format!("undecodable record: {e}"))?;
+        serde_json::from_slice(payload).map_err(|e| FrameError::Undecodable(e.to_string()))?;
     Ok((rec, end))
 }
 
@@ -135,7 +154,7 @@ pub struct Scan {
     /// Length of the valid prefix.
     pub valid_len: u64,
     /// The first bad frame: offset and why.
-    pub bad: Option<(u64, String)>,
+    pub bad: Option<(u64, FrameError)>,
     /// A valid frame exists after the bad one (corruption, not a torn tail).
     pub valid_after_bad: bool,
 }
@@ -152,7 +171,10 @@ pub fn scan(buf: &[u8]) -> Scan {
                 if rec.seq != expected {
                     bad = Some((
                         off as u64,
-                        format!("seq {} where {expected} was expected", rec.seq),
+                        FrameError::OutOfSequence {
+                            found: rec.seq,
+                            expected,
+                        },
                     ));
                     break;
                 }
@@ -461,7 +483,7 @@ mod tests {
         bytes[i] ^= 0x20;
         write_raw(&p, &bytes).unwrap();
         let s = scan(&bytes);
-        assert_eq!(s.bad.as_ref().map(|b| b.1.as_str()), Some("CRC mismatch"));
+        assert_eq!(s.bad.as_ref().map(|b| &b.1), Some(&FrameError::CrcMismatch));
         let (_log, opened) = LogFile::open(&p, FsyncPolicy::Never).unwrap();
         assert_eq!(opened.records.len(), 2);
         assert_eq!(opened.cut_bytes, pos[2].len as u64);
@@ -479,7 +501,7 @@ mod tests {
         match LogFile::open(&p, FsyncPolicy::Never) {
             Err(OpenLogError::Corrupt { offset, why, .. }) => {
                 assert_eq!(offset, pos[1].offset);
-                assert_eq!(why, "CRC mismatch");
+                assert_eq!(why, FrameError::CrcMismatch);
             }
             other => panic!(
                 "expected Corrupt, got {:?}",
@@ -507,6 +529,6 @@ mod tests {
         let s = scan(&bytes);
         assert_eq!(s.records.len(), 1);
         assert_eq!(s.valid_len, first);
-        assert!(s.bad.unwrap().1.contains("seq 5"));
+        assert!(s.bad.unwrap().1.to_string().contains("seq 5"));
     }
 }

@@ -62,12 +62,25 @@ pub fn to_jsonl(records: &[TrajectoryRecord]) -> Vec<u8> {
     out
 }
 
+/// A JSONL trajectory that does not parse: the line (1-based) and why.
+#[derive(Debug, thiserror::Error)]
+#[error("line {line}: {source}")]
+pub struct JsonlError {
+    pub line: usize,
+    pub source: serde_json::Error,
+}
+
 /// Parses JSONL (blank lines skipped); the error names the line.
-pub fn parse_jsonl(text: &str) -> Result<Vec<TrajectoryRecord>, String> {
+pub fn parse_jsonl(text: &str) -> Result<Vec<TrajectoryRecord>, JsonlError> {
     text.lines()
         .enumerate()
         .filter(|(_, l)| !l.trim().is_empty())
-        .map(|(i, l)| serde_json::from_str(l).map_err(|e| format!("line {}: {e}", i + 1)))
+        .map(|(i, l)| {
+            serde_json::from_str(l).map_err(|source| JsonlError {
+                line: i + 1,
+                source,
+            })
+        })
         .collect()
 }
 
@@ -184,6 +197,7 @@ mod tests {
         assert_eq!(parse_jsonl(&text).unwrap(), recs.to_vec());
         assert!(parse_jsonl("{}\nnot json")
             .unwrap_err()
+            .to_string()
             .starts_with("line 1"));
     }
 

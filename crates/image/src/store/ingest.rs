@@ -302,7 +302,7 @@ impl ImageStore {
         progress: Option<&ProgressFn>,
     ) -> Result<ImageInfo, ImageError> {
         if layers.is_empty() {
-            return Err(import_err(name, "the image has no layers".into()));
+            return Err(import_err(name, "the image has no layers"));
         }
         let mut built = Vec::with_capacity(layers.len());
         for (i, tarfile) in layers.into_iter().enumerate() {

@@ -320,7 +320,10 @@ impl ImageStore {
             .clone();
         let dir = work.path().to_path_buf();
         let built = tokio::task::spawn_blocking(move || {
-            fs::create_dir(&dir).map_err(|e| format!("create {}: {e}", dir.display()))?;
+            fs::create_dir(&dir).map_err(|source| busybox::BusyboxError::WorkDir {
+                path: dir.clone(),
+                source,
+            })?;
             busybox::build_root(&bin, &root)
         })
         .await
@@ -392,9 +395,9 @@ pub(crate) fn meta_key(digest: &str) -> String {
     format!("{digest}.meta")
 }
 
-fn import_err(name: &str, message: String) -> ImageError {
+fn import_err(name: &str, message: impl std::fmt::Display) -> ImageError {
     ImageError::Import {
         name: name.to_string(),
-        message,
+        message: message.to_string(),
     }
 }

@@ -81,7 +81,7 @@ pub fn ensure(root: &CgroupRoot) -> &'static FavorDynmods {
             },
             Err(e) => FavorDynmods {
                 on: false,
-                detail: e,
+                detail: e.to_string(),
                 _mount: None,
             },
         };
@@ -104,12 +104,30 @@ fn cstr(s: &str) -> std::ffi::CString {
     std::ffi::CString::new(s).unwrap_or_default()
 }
 
-fn last_err(what: &str) -> String {
-    format!("{what}: {}", io::Error::last_os_error())
+/// Why `favordynmods` could not be turned on (reported, never fatal).
+#[derive(Debug, thiserror::Error)]
+pub enum FavorError {
+    /// A system call failed: what was called, and the error.
+    #[error("{call}: {source}")]
+    Sys { call: String, source: io::Error },
+    /// `fsconfig` refused a key (`EINVAL` is named: an old kernel without the option).
+    #[error("fsconfig {key}: {reason}")]
+    Config { key: String, reason: String },
+    #[error("no cgroup2 mount at {}", .0.display())]
+    NoMount(std::path::PathBuf),
+    #[error("NUL in {0}")]
+    Nul(&'static str),
+}
+
+fn last_err(call: &str) -> FavorError {
+    FavorError::Sys {
+        call: call.to_string(),
+        source: io::Error::last_os_error(),
+    }
 }
 
 /// `fsopen("cgroup")`, `none`, `name=`, `favordynmods`, create, `fsmount`: the mount fd.
-fn hold_v1_hierarchy() -> Result<OwnedFd, String> {
+fn hold_v1_hierarchy() -> Result<OwnedFd, FavorError> {
     let fstype = cstr("cgroup");
     // SAFETY: fsopen reads a NUL-terminated string we own and returns a new fd or -1.
     let fs = unsafe { libc::syscall(libc::SYS_fsopen, fstype.as_ptr(), FSOPEN_CLOEXEC) };
@@ -119,7 +137,7 @@ fn hold_v1_hierarchy() -> Result<OwnedFd, String> {
     // SAFETY: fsopen returned a fresh fd that nobody else owns.
     let fs = unsafe { OwnedFd::from_raw_fd(fs as RawFd) };
     let fsfd = std::os::fd::AsRawFd::as_raw_fd(&fs);
-    let set = |cmd: libc::c_uint, key: &str, value: Option<&str>| -> Result<(), String> {
+    let set = |cmd: libc::c_uint, key: &str, value: Option<&str>| -> Result<(), FavorError> {
         let k = cstr(key);
         let v = value.map(cstr);
         let vp = v.as_ref().map_or(std::ptr::null(), |v| v.as_ptr());
@@ -133,7 +151,10 @@ fn hold_v1_hierarchy() -> Result<OwnedFd, String> {
             } else {
                 e.to_string()
             };
-            return Err(format!("fsconfig {key}: {name}"));
+            return Err(FavorError::Config {
+                key: key.to_string(),
+                reason: name,
+            });
         }
         Ok(())
     };
@@ -183,11 +204,14 @@ pub fn cgroup2_super_options(mountinfo: &str, path: &Path) -> Option<Vec<String>
 }
 
 /// Remounts the cgroup2 root at `path` with its own options plus `favordynmods`.
-fn remount_v2(path: &Path) -> Result<String, String> {
-    let info = std::fs::read_to_string("/proc/self/mountinfo")
-        .map_err(|e| format!("read /proc/self/mountinfo: {e}"))?;
+fn remount_v2(path: &Path) -> Result<String, FavorError> {
+    let info =
+        std::fs::read_to_string("/proc/self/mountinfo").map_err(|source| FavorError::Sys {
+            call: "read /proc/self/mountinfo".into(),
+            source,
+        })?;
     let mut opts = cgroup2_super_options(&info, path)
-        .ok_or_else(|| format!("no cgroup2 mount at {}", path.display()))?;
+        .ok_or_else(|| FavorError::NoMount(path.to_path_buf()))?;
     if opts.iter().any(|o| o == "favordynmods") {
         return Ok(format!(
             "{} already mounted with favordynmods",
@@ -197,8 +221,8 @@ fn remount_v2(path: &Path) -> Result<String, String> {
     opts.push("favordynmods".into());
     let data = opts.join(",");
     let target = std::ffi::CString::new(path.as_os_str().as_encoded_bytes())
-        .map_err(|_| "NUL in cgroup path".to_string())?;
-    let cdata = std::ffi::CString::new(data.clone()).map_err(|_| "NUL in options".to_string())?;
+        .map_err(|_| FavorError::Nul("cgroup path"))?;
+    let cdata = std::ffi::CString::new(data.clone()).map_err(|_| FavorError::Nul("options"))?;
     // SAFETY: mount(2) reads the NUL-terminated strings we own; a remount changes only the
     // superblock options given.
     let rc = unsafe {

@@ -151,11 +151,11 @@ impl ContainerSubstrate {
                 let mut cleanup = Vec::new();
                 if let Some(p) = process {
                     if let Err(e) = p.kill().await {
-                        cleanup.push(e);
+                        cleanup.push(e.to_string());
                     }
                 }
                 if let Err(e) = teardown(cgroup, dirs).await {
-                    cleanup.push(e);
+                    cleanup.push(e.to_string());
                 }
                 if disk.is_some() {
                     let dir = spec.dir.clone();
@@ -385,12 +385,16 @@ impl Process {
     }
 
     /// SIGKILLs the process (and so its whole pid namespace) and waits until it is reaped.
-    async fn kill(&self) -> Result<AetherExit, String> {
-        pidfd::send_signal(self.pidfd.as_fd(), libc::SIGKILL)
-            .map_err(|e| format!("kill aether (pid {}): {e}", self.pid))?;
+    async fn kill(&self) -> Result<AetherExit, TeardownError> {
+        pidfd::send_signal(self.pidfd.as_fd(), libc::SIGKILL).map_err(|source| {
+            TeardownError::Kill {
+                pid: self.pid,
+                source,
+            }
+        })?;
         self.wait(KILL_WAIT)
             .await
-            .ok_or_else(|| format!("aether (pid {}) did not exit after SIGKILL", self.pid))
+            .ok_or(TeardownError::KillTimeout(self.pid))
     }
 }
 
@@ -519,13 +523,16 @@ impl ContainerSubstrate {
         }
         // No polite `Shutdown` round trip: SIGKILL of aether, the pid namespace's init, makes
         // the kernel kill every process of the sandbox, and aether keeps nothing to flush.
-        let io_err = |what: &str, e: String| DestroySandboxError::Io {
-            id: sb.id.clone(),
-            what: what.to_string(),
-            source: io::Error::other(e),
-        };
+        let io_err =
+            |what: &str, e: Box<dyn std::error::Error + Send + Sync>| DestroySandboxError::Io {
+                id: sb.id.clone(),
+                what: what.to_string(),
+                source: io::Error::other(e),
+            };
         let exited = t0.elapsed();
-        p.kill().await.map_err(|e| io_err("kill aether", e))?;
+        p.kill()
+            .await
+            .map_err(|e| io_err("kill aether", e.into()))?;
         let killed = t0.elapsed();
         // Every process of the sandbox is dead (aether, its pid namespace's init, is reaped
         // after all of them): its mounts go away on a blocking thread (see `mntns`).
@@ -535,12 +542,12 @@ impl ContainerSubstrate {
         }
         teardown(sb.cgroup.clone(), sb.dirs.clone())
             .await
-            .map_err(|e| io_err("remove cgroup and dirs", e))?;
+            .map_err(|e| io_err("remove cgroup and dirs", e.into()))?;
         // The disk limit's file system (if any) is unmounted once nothing runs on it.
         let dir = sb.dirs.base.clone();
         tokio::task::spawn_blocking(move || disk::release(&dir))
             .await
-            .map_err(|e| io_err("release disk limit", e.to_string()))?;
+            .map_err(|e| io_err("release disk limit", e.into()))?;
         let ms = |d: Duration| d.as_secs_f64() * 1e3;
         // The edge logs "sandbox ended" (with the whole destroy's time) at INFO.
         tracing::debug!(
@@ -611,24 +618,38 @@ fn remove_dead_cgroup(cgroup: &Cgroup) -> Result<(), crate::cgroup::CgroupError>
     Ok(())
 }
 
+/// Ending a container's processes or removing what it left (cgroup, directories) failed.
+#[derive(Debug, thiserror::Error)]
+pub enum TeardownError {
+    #[error("kill aether (pid {pid}): {source}")]
+    Kill { pid: i32, source: io::Error },
+    #[error("aether (pid {0}) did not exit after SIGKILL")]
+    KillTimeout(i32),
+    #[error("destroy cgroup: {0}")]
+    Cgroup(crate::cgroup::CgroupError),
+    #[error("remove {}: {source}", path.display())]
+    RemoveDir { path: PathBuf, source: io::Error },
+    #[error("teardown task: {0}")]
+    Task(#[from] tokio::task::JoinError),
+    /// Both the cgroup and the directories failed.
+    #[error("{0}; {1}")]
+    Both(Box<TeardownError>, Box<TeardownError>),
+}
+
 /// Destroys the cgroup (killing stragglers) and removes the sandbox's dirs.
-async fn teardown(cgroup: Cgroup, dirs: SandboxDirs) -> Result<(), String> {
+async fn teardown(cgroup: Cgroup, dirs: SandboxDirs) -> Result<(), TeardownError> {
     tokio::task::spawn_blocking(move || {
-        let mut errs = Vec::new();
-        if let Err(e) = remove_dead_cgroup(&cgroup) {
-            errs.push(format!("destroy cgroup: {e}"));
-        }
-        if let Err((d, e)) = dirs.remove() {
-            errs.push(format!("remove {}: {e}", d.display()));
-        }
-        if errs.is_empty() {
-            Ok(())
-        } else {
-            Err(errs.join("; "))
+        let cg = remove_dead_cgroup(&cgroup).map_err(TeardownError::Cgroup);
+        let d = dirs
+            .remove()
+            .map_err(|(path, source)| TeardownError::RemoveDir { path, source });
+        match (cg, d) {
+            (Ok(()), Ok(())) => Ok(()),
+            (Err(e), Ok(())) | (Ok(()), Err(e)) => Err(e),
+            (Err(a), Err(b)) => Err(TeardownError::Both(Box::new(a), Box::new(b))),
         }
     })
-    .await
-    .map_err(|e| format!("teardown task: {e}"))?
+    .await?
 }
 
 /// A running container.

@@ -338,8 +338,17 @@ impl FullVmSubstrate {
     }
 }
 
+/// Setting the guest's hostname failed.
+#[derive(Debug, thiserror::Error)]
+pub enum HostnameError {
+    #[error(transparent)]
+    Channel(#[from] crate::aether_client::ChannelError),
+    #[error("exit {code}: {stderr}")]
+    Exit { code: i32, stderr: String },
+}
+
 /// Runs `hostname NAME` in the guest (the name was validated by the edge).
-async fn set_hostname(aether: &AetherClient, name: &str) -> Result<(), String> {
+async fn set_hostname(aether: &AetherClient, name: &str) -> Result<(), HostnameError> {
     let out = aether
         .run(
             Request::Exec {
@@ -353,14 +362,12 @@ async fn set_hostname(aether: &AetherClient, name: &str) -> Result<(), String> {
             },
             Bytes::new(),
         )
-        .await
-        .map_err(|e| e.to_string())?;
+        .await?;
     if out.outcome.exit_code != 0 {
-        return Err(format!(
-            "exit {}: {}",
-            out.outcome.exit_code,
-            String::from_utf8_lossy(&out.stderr).trim()
-        ));
+        return Err(HostnameError::Exit {
+            code: out.outcome.exit_code,
+            stderr: String::from_utf8_lossy(&out.stderr).trim().to_string(),
+        });
     }
     Ok(())
 }
@@ -374,10 +381,14 @@ impl FullVmSubstrate {
     /// qcow2 overlay in `<sandbox dir>/vm`, with the QEMU command line (`qemu.args`) that
     /// restores it. A VM that was running when the edge went away is not adoptable (its
     /// channel is gone); the caller ends its QEMU ([`crate::qemu::vm::kill_leftover_qemu`]).
-    pub fn adopt_paused(&self, id: &str, sandbox_dir: &Path) -> Result<FullVmSandbox, String> {
+    pub fn adopt_paused(
+        &self,
+        id: &str,
+        sandbox_dir: &Path,
+    ) -> Result<FullVmSandbox, crate::qemu::VmError> {
         let vm_dir = sandbox_dir.join("vm");
         if !vm_dir.join("overlay.qcow2").is_file() {
-            return Err(format!("no overlay disk in {}", vm_dir.display()));
+            return Err(crate::qemu::VmError::NoOverlay(vm_dir));
         }
         let vm = vm::Vm::adopt_paused(id, &vm_dir)?;
         Ok(FullVmSandbox {

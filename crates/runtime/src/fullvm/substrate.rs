@@ -102,7 +102,7 @@ pub struct FullVmDriver {
 impl FullVmDriver {
     /// The substrate if QEMU and qemu-img are installed, else why not.
     pub fn open(ctx: &OpenContext) -> Result<Arc<dyn Substrate>, Unavailable> {
-        let config = ctx.vm.clone().map_err(Unavailable)?;
+        let config = ctx.vm.clone()?;
         for bin in [&config.qemu_binary, &config.qemu_img] {
             if !installed(bin) {
                 return Err(Unavailable(format!(

@@ -219,23 +219,23 @@ impl MicroVmSubstrate {
         tpl: &template::Template,
         layers: &[GuestLayer],
         machine: Machine,
-    ) -> Result<vm::Vm, String> {
+    ) -> Result<vm::Vm, TemplateError> {
         tokio::fs::create_dir_all(vm_dir)
             .await
-            .map_err(|e| format!("create the VM directory: {e}"))?;
+            .map_err(|e| TemplateError::io("create the VM directory", e))?;
         // The clone's own initramfs file (a resume after the template is gone still needs
         // one): a hard link, or a copy across file systems.
         let initrd = vm_dir.join("initrd.img");
         if std::fs::hard_link(tpl.initrd(), &initrd).is_err() {
             tokio::fs::copy(tpl.initrd(), &initrd)
                 .await
-                .map_err(|e| format!("copy the template's initramfs: {e}"))?;
+                .map_err(|e| TemplateError::io("copy the template's initramfs", e))?;
         }
         template::copy_disk(&tpl.disk(), &vm_dir.join(UPPER_DISK)).await?;
         let launch = self.launch_for(spec, vm_dir, &initrd, layers, machine);
         tracing::info!(sandbox = %spec.id, template = %tpl.key, "microVM restoring from its template");
         let vm = vm::Vm::restore_clone(&spec.id, vm_dir, launch, &tpl.snapshot()).await?;
-        let seed = template::host_seed().map_err(|e| format!("host randomness: {e}"))?;
+        let seed = template::host_seed().map_err(TemplateError::Seed)?;
         let now = SystemTime::now()
             .duration_since(SystemTime::UNIX_EPOCH)
             .unwrap_or_default();
@@ -251,10 +251,11 @@ impl MicroVmSubstrate {
         .await;
         let err = match r {
             Ok(Ok((dsec_wire::aether::Reply::Done, _))) => return Ok(vm),
-            Ok(Ok((other, _))) => format!("set the guest's identity: unexpected reply {other:?}"),
-            Ok(Err(e)) => format!("set the guest's identity: {e}"),
-            Err(_) => "set the guest's identity: no answer within 30 s".to_string(),
+            Ok(Ok((other, _))) => format!("unexpected reply {other:?}"),
+            Ok(Err(e)) => e.to_string(),
+            Err(_) => "no answer within 30 s".to_string(),
         };
+        let err = TemplateError::Identity(err);
         let _ = vm.kill().await;
         Err(err)
     }
@@ -284,7 +285,7 @@ impl MicroVmSubstrate {
         let h = tokio::spawn(async move {
             let r = tokio::select! {
                 r = this.build_template(&spec, &key, shape, &dir, machine) => r,
-                _ = t2.closing() => Err("the edge is stopping".to_string()),
+                _ = t2.closing() => Err(TemplateError::Stopping),
             };
             t2.finish_build(&key, &dir, r);
         });
@@ -300,19 +301,22 @@ impl MicroVmSubstrate {
         shape: String,
         dir: &Path,
         machine: Machine,
-    ) -> Result<template::TemplateMeta, String> {
+    ) -> Result<template::TemplateMeta, TemplateError> {
         let started = std::time::Instant::now();
         let layers = self
             .guest_layers(spec, machine)
             .await
-            .map_err(|e| e.to_string())?;
+            .map_err(|e| TemplateError::Layers(e.to_string()))?;
         tokio::fs::create_dir_all(dir)
             .await
-            .map_err(|e| format!("create {}: {e}", dir.display()))?;
+            .map_err(|e| TemplateError::io(format!("create {}", dir.display()), e))?;
         let vm = self
             .boot_cold(spec, dir, &layers, machine, None)
             .await
-            .map_err(|e| format!("{e}; guest console: {}", console_tail(dir)))?;
+            .map_err(|e| TemplateError::Boot {
+                reason: e.to_string(),
+                console: console_tail(dir),
+            })?;
         // A guard: the VM ends if this future is dropped (edge stopping) mid-snapshot.
         struct KillOnDrop(Option<vm::Vm>);
         impl Drop for KillOnDrop {
@@ -337,7 +341,7 @@ impl MicroVmSubstrate {
             if let Some(vm) = vm {
                 let _ = vm.kill().await;
             }
-            return Err(format!("snapshot the template VM: {e}"));
+            return Err(TemplateError::Snapshot(e));
         }
         drop(vm);
         for f in ["aether.sock", "qmp.sock", "qemu.pid", vm::ARGS_FILE] {

@@ -22,6 +22,7 @@
 pub mod adopt;
 pub mod cpio;
 pub mod create;
+pub mod error;
 pub mod pause;
 pub mod pmem;
 pub mod qemu;
@@ -41,6 +42,7 @@ use std::time::{Duration, SystemTime};
 use crate::aether_client::AetherClient;
 use crate::substrate::{CreateSandboxError, DestroySandboxError, SandboxSpec, Usage};
 use create::pmem_copy;
+pub use error::{GuestLayerError, GuestNotBuilt, TemplateError, ToolError, UpperError};
 pub use qemu::{Accel, GuestLayer, Machine};
 
 /// Configuration of the microVM substrate.
@@ -101,13 +103,10 @@ impl MicroVmConfig {
     }
 
     /// Whether the guest artefacts exist; the error says how to build them.
-    pub fn check_guest(&self) -> Result<(), String> {
+    pub fn check_guest(&self) -> Result<(), GuestNotBuilt> {
         for f in ["vmlinuz", "initrd.img"] {
             if !self.guest_dir.join(f).is_file() {
-                return Err(format!(
-                    "the microVM guest is not built ({} is missing): run scripts/vm/build-guest.sh",
-                    self.guest_dir.join(f).display()
-                ));
+                return Err(GuestNotBuilt(self.guest_dir.join(f)));
             }
         }
         Ok(())
@@ -215,7 +214,7 @@ impl MicroVmSandbox {
 pub fn resolve_layers(
     lowers: &[PathBuf],
     blob_dirs: &[PathBuf],
-) -> Result<Vec<GuestLayer>, String> {
+) -> Result<Vec<GuestLayer>, GuestLayerError> {
     lowers
         .iter()
         .map(|l| {
@@ -223,16 +222,17 @@ pub fn resolve_layers(
                 .file_name()
                 .and_then(|d| d.to_str())
                 .filter(|d| !d.is_empty() && d.bytes().all(|b| b.is_ascii_alphanumeric()))
-                .ok_or_else(|| format!("layer mount {} is not named by a digest", l.display()))?;
-            let store = l.parent().and_then(Path::parent).ok_or_else(|| {
-                format!("layer mount {} is not inside an image store", l.display())
-            })?;
+                .ok_or_else(|| GuestLayerError::NotADigest(l.clone()))?;
+            let store = l
+                .parent()
+                .and_then(Path::parent)
+                .ok_or_else(|| GuestLayerError::NotInStore(l.clone()))?;
             let meta = store.join("layers").join(format!("{digest}.erofs"));
             if !meta.is_file() {
-                return Err(format!(
-                    "layer {digest}: metadata image {} not found",
-                    meta.display()
-                ));
+                return Err(GuestLayerError::NoMetadata {
+                    digest: digest.to_string(),
+                    meta,
+                });
             }
             let blob = blob_dirs
                 .iter()
@@ -410,9 +410,9 @@ impl MicroVmSubstrate {
     ) -> Result<Vec<GuestLayer>, CreateSandboxError> {
         self.config
             .check_guest()
-            .map_err(CreateSandboxError::InvalidSpec)?;
+            .map_err(|e| CreateSandboxError::InvalidSpec(e.to_string()))?;
         let mut layers = resolve_layers(&spec.lowers, &self.config.blob_dirs)
-            .map_err(CreateSandboxError::InvalidSpec)?;
+            .map_err(|e| CreateSandboxError::InvalidSpec(e.to_string()))?;
         if layers.is_empty() {
             return Err(CreateSandboxError::InvalidSpec(
                 "the image has no layers".into(),

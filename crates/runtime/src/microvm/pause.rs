@@ -4,7 +4,7 @@
 
 use std::time::Duration;
 
-use super::{qmp, MicroVmSandbox};
+use super::{qmp, MicroVmSandbox, UpperError};
 use crate::error::PauseError;
 use dsec_wire::api::PauseReport;
 
@@ -25,18 +25,16 @@ impl MicroVmSandbox {
 
     /// Stops (QMP `stop`) or continues (`cont`) the guest's vCPUs without a snapshot, e.g. to
     /// read its disk consistently. Fails while paused by snapshot.
-    pub async fn freeze_vcpus(&self, freeze: bool) -> Result<(), String> {
+    pub async fn freeze_vcpus(&self, freeze: bool) -> Result<(), UpperError> {
         if self.vm.pid() <= 0 {
-            return Err("the VM is not running".into());
+            return Err(UpperError::NotRunning);
         }
-        let mut q = qmp::Qmp::connect_retry(&self.vm_dir.join("qmp.sock"), Duration::from_secs(5))
-            .await
-            .map_err(|e| e.to_string())?;
-        if freeze {
+        let mut q =
+            qmp::Qmp::connect_retry(&self.vm_dir.join("qmp.sock"), Duration::from_secs(5)).await?;
+        Ok(if freeze {
             q.stop().await
         } else {
             q.cont().await
-        }
-        .map_err(|e| e.to_string())
+        }?)
     }
 }

@@ -42,8 +42,10 @@ impl MicroVmDriver {
     /// `ctx.microvm` is the configuration the edge built from its `[edge.microvm]` section,
     /// with the templates' (restore-from-template boots, in `<edge dir>/microvm-templates`).
     pub fn open(ctx: &OpenContext) -> Result<Arc<dyn Substrate>, Unavailable> {
-        let (config, templates) = ctx.microvm.clone().map_err(Unavailable)?;
-        config.check_guest().map_err(Unavailable)?;
+        let (config, templates) = ctx.microvm.clone()?;
+        config
+            .check_guest()
+            .map_err(|e| Unavailable(e.to_string()))?;
         let qemu = &config.qemu_binary;
         if !installed(qemu) {
             return Err(Unavailable(format!(
@@ -168,11 +170,18 @@ impl VmGuest for MicroVmSandbox {
 
     fn writable_layer(&self) -> BoxFut<'_, Result<Option<WritableLayer>, WritableLayerError>> {
         Box::pin(async move {
-            let m = self.expose_upper().await.map_err(WritableLayerError)?;
+            let m = self
+                .expose_upper()
+                .await
+                .map_err(|e| WritableLayerError(e.to_string()))?;
             Ok(Some(WritableLayer {
                 upper: m.upper.clone(),
                 release: Box::new(move || {
-                    Box::pin(async move { m.release().await.map_err(WritableLayerError) })
+                    Box::pin(async move {
+                        m.release()
+                            .await
+                            .map_err(|e| WritableLayerError(e.to_string()))
+                    })
                 }),
             }))
         })

@@ -21,6 +21,7 @@
 //! key still matches, and removed when the edge stops. A template that fails to restore is
 //! dropped and the create falls back to a cold boot.
 
+use super::error::{TemplateError, ToolError};
 use std::collections::{HashMap, HashSet};
 use std::io;
 use std::path::{Path, PathBuf};
@@ -301,17 +302,23 @@ impl Templates {
 
     /// Ends a build: on success the build directory becomes the template (and the least
     /// recently used ones beyond the cap are removed); on failure it is removed.
-    pub fn finish_build(&self, key: &str, build_dir: &Path, ok: Result<TemplateMeta, String>) {
+    pub fn finish_build(
+        &self,
+        key: &str,
+        build_dir: &Path,
+        ok: Result<TemplateMeta, TemplateError>,
+    ) {
         let result = ok.and_then(|meta| {
             if self.closing.load(Ordering::SeqCst) {
-                return Err("the edge is stopping".into());
+                return Err(TemplateError::Stopping);
             }
-            let raw = serde_json::to_vec_pretty(&meta).map_err(|e| e.to_string())?;
+            let raw = serde_json::to_vec_pretty(&meta).map_err(TemplateError::Meta)?;
             std::fs::write(build_dir.join(TPL_META), raw)
-                .map_err(|e| format!("write {TPL_META}: {e}"))?;
+                .map_err(|e| TemplateError::io(format!("write {TPL_META}"), e))?;
             let dst = self.config.dir.join(key);
             let _ = std::fs::remove_dir_all(&dst);
-            std::fs::rename(build_dir, &dst).map_err(|e| format!("rename the template: {e}"))
+            std::fs::rename(build_dir, &dst)
+                .map_err(|e| TemplateError::io("rename the template", e))
         });
         let mut st = lock(&self.state);
         st.building.remove(key);
@@ -434,7 +441,7 @@ pub fn key_of(shape: &str) -> String {
 
 /// Copies a template's disk for a clone: a reflink where the file system can, else a sparse
 /// copy.
-pub async fn copy_disk(src: &Path, dst: &Path) -> Result<(), String> {
+pub async fn copy_disk(src: &Path, dst: &Path) -> Result<(), ToolError> {
     let out = tokio::process::Command::new("cp")
         .arg("--reflink=auto")
         .arg("--sparse=always")
@@ -443,16 +450,17 @@ pub async fn copy_disk(src: &Path, dst: &Path) -> Result<(), String> {
         .stdin(Stdio::null())
         .output()
         .await
-        .map_err(|e| format!("run cp: {e}"))?;
+        .map_err(|source| ToolError::Run {
+            tool: "cp".into(),
+            source,
+        })?;
     if out.status.success() {
         Ok(())
     } else {
-        Err(format!(
-            "cp {} {}: {}",
-            src.display(),
-            dst.display(),
-            String::from_utf8_lossy(&out.stderr).trim()
-        ))
+        Err(ToolError::Failed {
+            command: format!("cp {} {}", src.display(), dst.display()),
+            stderr: String::from_utf8_lossy(&out.stderr).trim().to_string(),
+        })
     }
 }
 
@@ -519,7 +527,7 @@ mod tests {
         // A failed build leaves nothing.
         let d = t.claim_build(&b).unwrap();
         std::fs::create_dir_all(&d).unwrap();
-        t.finish_build(&b, &d, Err("boom".into()));
+        t.finish_build(&b, &d, Err(TemplateError::Stopping));
         assert!(!d.exists() && t.lookup(&b).is_none());
         // Dropped templates are removed.
         t.drop_template(&a);

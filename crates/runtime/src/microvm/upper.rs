@@ -17,12 +17,16 @@ pub struct UpperMount {
 }
 
 impl UpperMount {
-    pub async fn release(self) -> Result<(), String> {
+    pub async fn release(self) -> Result<(), UpperError> {
         let mut problems = Vec::new();
         if let Err(e) = run_tool("umount", &[self.mnt.as_os_str()]).await {
-            problems.push(e);
-        } else if let Err(e) = tokio::fs::remove_dir(&self.mnt).await {
-            problems.push(format!("rmdir {}: {e}", self.mnt.display()));
+            problems.push(e.into());
+        } else if let Err(source) = tokio::fs::remove_dir(&self.mnt).await {
+            problems.push(UpperError::Dir {
+                what: "rmdir",
+                path: self.mnt.clone(),
+                source,
+            });
         }
         if self.continue_guest {
             let r = async {
@@ -31,32 +35,34 @@ impl UpperMount {
             }
             .await;
             if let Err(e) = r {
-                problems.push(format!("continue the guest: {e}"));
+                problems.push(UpperError::Continue(e));
             }
         }
-        if problems.is_empty() {
-            Ok(())
-        } else {
-            Err(problems.join("; "))
+        match problems.len() {
+            0 => Ok(()),
+            1 => Err(problems.remove(0)),
+            _ => Err(UpperError::Several(problems)),
         }
     }
 }
 
-async fn run_tool(tool: &str, args: &[&std::ffi::OsStr]) -> Result<(), String> {
+async fn run_tool(tool: &str, args: &[&std::ffi::OsStr]) -> Result<(), ToolError> {
     let out = tokio::process::Command::new(tool)
         .args(args)
         .stdin(Stdio::null())
         .output()
         .await
-        .map_err(|e| format!("run {tool}: {e}"))?;
+        .map_err(|source| ToolError::Run {
+            tool: tool.to_string(),
+            source,
+        })?;
     if out.status.success() {
         Ok(())
     } else {
-        Err(format!(
-            "{tool} {:?}: {}",
-            args,
-            String::from_utf8_lossy(&out.stderr).trim()
-        ))
+        Err(ToolError::Failed {
+            command: format!("{tool} {args:?}"),
+            stderr: String::from_utf8_lossy(&out.stderr).trim().to_string(),
+        })
     }
 }
 
@@ -64,7 +70,7 @@ impl MicroVmSandbox {
     /// Makes the writable disk readable on the host, consistently: `sync` in the guest, its
     /// vCPUs stopped (a paused VM is already still), then a read-only loop mount of the image
     /// (no journal: nothing to replay).
-    pub async fn expose_upper(&self) -> Result<UpperMount, String> {
+    pub async fn expose_upper(&self) -> Result<UpperMount, UpperError> {
         let running = self.vm.pid() > 0;
         let qmp = self.vm_dir.join("qmp.sock");
         if running {
@@ -75,7 +81,11 @@ impl MicroVmSandbox {
         let mounted = async {
             tokio::fs::create_dir_all(&mnt)
                 .await
-                .map_err(|e| format!("mkdir {}: {e}", mnt.display()))?;
+                .map_err(|source| UpperError::Dir {
+                    what: "mkdir",
+                    path: mnt.clone(),
+                    source,
+                })?;
             let img = self.upper_disk();
             run_tool(
                 "mount",
@@ -88,7 +98,8 @@ impl MicroVmSandbox {
                     mnt.as_os_str(),
                 ],
             )
-            .await
+            .await?;
+            Ok(())
         }
         .await;
         if let Err(e) = mounted {

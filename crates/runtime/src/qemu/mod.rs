@@ -7,9 +7,11 @@
 //! * [`qmp`] — the QMP client (commands, migration status).
 //! * [`relay`] — the aether channel's relay between the edge and QEMU's socket, which
 //!   survives a snapshot.
+//! * [`error`] — what starting, restoring or killing QEMU and wiring its NIC fail with.
 //! * [`net`] — a networked VM's tap device and NIC in the sandbox's network namespace.
 
 pub mod args;
+pub mod error;
 pub mod net;
 pub mod qmp;
 pub mod relay;
@@ -17,4 +19,5 @@ pub mod snapshot;
 pub mod vm;
 
 pub use args::Accel;
+pub use error::{VmError, VmNetError};
 pub use vm::{Launch, Vm};

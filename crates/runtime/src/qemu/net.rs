@@ -24,6 +24,7 @@
 //! attaches to it again. Teardown needs nothing of its own: the bridge and the tap live in the
 //! namespace and go with it when the edge deletes it (stop, failed create, orphan reaping).
 
+use super::error::VmNetError;
 use std::net::{Ipv4Addr, Ipv6Addr};
 use std::os::fd::{AsRawFd, OwnedFd};
 use std::os::unix::fs::MetadataExt as _;
@@ -43,7 +44,7 @@ pub const BRIDGE: &str = "br0";
 const INNER: &str = "eth0";
 
 /// Where the named network namespaces are (`ip netns`).
-const NETNS_RUN_DIR: &str = "/run/netns";
+pub(super) const NETNS_RUN_DIR: &str = "/run/netns";
 
 /// The guest's network configuration.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -60,10 +61,11 @@ pub struct VmNet {
 
 /// The path under `/run/netns` naming the namespace `fd` refers to (QEMU is started again on
 /// resume, possibly by a later edge process: it needs a name, not an fd).
-pub fn netns_path(fd: &OwnedFd) -> Result<PathBuf, String> {
+pub fn netns_path(fd: &OwnedFd) -> Result<PathBuf, VmNetError> {
     let want = std::fs::metadata(format!("/proc/self/fd/{}", fd.as_raw_fd()))
-        .map_err(|e| format!("stat the sandbox's network namespace: {e}"))?;
-    let rd = std::fs::read_dir(NETNS_RUN_DIR).map_err(|e| format!("list {NETNS_RUN_DIR}: {e}"))?;
+        .map_err(|e| VmNetError::io("stat the sandbox's network namespace", e))?;
+    let rd = std::fs::read_dir(NETNS_RUN_DIR)
+        .map_err(|e| VmNetError::io(format!("list {NETNS_RUN_DIR}"), e))?;
     for e in rd.flatten() {
         if let Ok(m) = std::fs::metadata(e.path()) {
             if m.dev() == want.dev() && m.ino() == want.ino() {
@@ -71,30 +73,28 @@ pub fn netns_path(fd: &OwnedFd) -> Result<PathBuf, String> {
             }
         }
     }
-    Err(format!(
-        "the sandbox's network namespace has no name under {NETNS_RUN_DIR}"
-    ))
+    Err(VmNetError::Unnamed)
 }
 
-fn ip(ns: &str, args: &[&str]) -> Result<String, String> {
+fn ip(ns: &str, args: &[&str]) -> Result<String, VmNetError> {
     let out = Command::new("ip")
         .args(["-n", ns])
         .args(args)
         .stdin(Stdio::null())
         .output()
-        .map_err(|e| format!("run ip: {e}"))?;
+        .map_err(|e| VmNetError::io("run ip", e))?;
     if out.status.success() {
         Ok(String::from_utf8_lossy(&out.stdout).into_owned())
     } else {
-        Err(format!(
-            "ip -n {ns} {}: {}",
-            args.join(" "),
-            String::from_utf8_lossy(&out.stderr).trim()
-        ))
+        Err(VmNetError::Ip {
+            ns: ns.to_string(),
+            command: args.join(" "),
+            stderr: String::from_utf8_lossy(&out.stderr).trim().to_string(),
+        })
     }
 }
 
-fn ip_batch(ns: &str, lines: &str) -> Result<(), String> {
+fn ip_batch(ns: &str, lines: &str) -> Result<(), VmNetError> {
     use std::io::Write as _;
     let mut child = Command::new("ip")
         .args(["-n", ns, "-batch", "-"])
@@ -102,23 +102,23 @@ fn ip_batch(ns: &str, lines: &str) -> Result<(), String> {
         .stdout(Stdio::null())
         .stderr(Stdio::piped())
         .spawn()
-        .map_err(|e| format!("run ip: {e}"))?;
+        .map_err(|e| VmNetError::io("run ip", e))?;
     if let Some(mut stdin) = child.stdin.take() {
         stdin
             .write_all(lines.as_bytes())
-            .map_err(|e| format!("ip -batch: {e}"))?;
+            .map_err(|e| VmNetError::io("ip -batch", e))?;
     }
     let out = child
         .wait_with_output()
-        .map_err(|e| format!("ip -batch: {e}"))?;
+        .map_err(|e| VmNetError::io("ip -batch", e))?;
     if out.status.success() {
         Ok(())
     } else {
-        Err(format!(
-            "ip -n {ns} -batch ({}): {}",
-            lines.trim().replace('\n', "; "),
-            String::from_utf8_lossy(&out.stderr).trim()
-        ))
+        Err(VmNetError::Ip {
+            ns: ns.to_string(),
+            command: format!("-batch ({})", lines.trim().replace('\n', "; ")),
+            stderr: String::from_utf8_lossy(&out.stderr).trim().to_string(),
+        })
     }
 }
 
@@ -126,12 +126,10 @@ fn ip_batch(ns: &str, lines: &str) -> Result<(), String> {
 fn parse_inner(
     addr_json: &str,
     route_json: &str,
-) -> Result<(Ipv4Addr, Option<Ipv6Addr>, u32, Ipv4Addr), String> {
-    let links: serde_json::Value =
-        serde_json::from_str(addr_json).map_err(|e| format!("parse `ip -j addr`: {e}"))?;
-    let link = links
-        .get(0)
-        .ok_or_else(|| format!("no {INNER} in the sandbox's namespace"))?;
+) -> Result<(Ipv4Addr, Option<Ipv6Addr>, u32, Ipv4Addr), VmNetError> {
+    let parse = |command| move |source| VmNetError::Parse { command, source };
+    let links: serde_json::Value = serde_json::from_str(addr_json).map_err(parse("ip -j addr"))?;
+    let link = links.get(0).ok_or(VmNetError::NoLink(INNER))?;
     let mtu = link.get("mtu").and_then(|m| m.as_u64()).unwrap_or(1500) as u32;
     let mut v4 = None;
     let mut v6 = None;
@@ -155,15 +153,15 @@ fn parse_inner(
             _ => {}
         }
     }
-    let v4 = v4.ok_or_else(|| format!("{INNER} has no IPv4 address"))?;
+    let v4 = v4.ok_or(VmNetError::NoIpv4(INNER))?;
     let routes: serde_json::Value =
-        serde_json::from_str(route_json).map_err(|e| format!("parse `ip -j route`: {e}"))?;
+        serde_json::from_str(route_json).map_err(parse("ip -j route"))?;
     let gw = routes
         .as_array()
         .into_iter()
         .flatten()
         .find_map(|r| r.get("gateway")?.as_str()?.parse::<Ipv4Addr>().ok())
-        .ok_or_else(|| "no default IPv4 route in the sandbox's namespace".to_string())?;
+        .ok_or(VmNetError::NoGateway)?;
     Ok((v4, v6, mtu, gw))
 }
 
@@ -175,12 +173,12 @@ pub fn mac_for(ipv4: Ipv4Addr) -> String {
 
 /// Turns the sandbox's namespace into a switch between its veth and a new tap (see the module
 /// documentation) and returns what the guest must configure. Blocking (runs `ip`).
-pub fn prepare(fd: &OwnedFd) -> Result<VmNet, String> {
+pub fn prepare(fd: &OwnedFd) -> Result<VmNet, VmNetError> {
     let netns = netns_path(fd)?;
     let name = netns
         .file_name()
         .and_then(|n| n.to_str())
-        .ok_or_else(|| format!("bad namespace path {}", netns.display()))?
+        .ok_or_else(|| VmNetError::BadPath(netns.clone()))?
         .to_string();
     let addrs = ip(&name, &["-j", "addr", "show", "dev", INNER])?;
     let routes = ip(&name, &["-j", "-4", "route", "show", "default"])?;
@@ -286,21 +284,17 @@ pub async fn attach(
 
 /// If the VM has a NIC (`<vm dir>/netns` exists), makes `cmd` enter that namespace before it
 /// runs QEMU. Fails when the namespace is gone (the sandbox's network was removed).
-pub fn enter_netns(cmd: &mut tokio::process::Command, vm_dir: &Path) -> Result<(), String> {
+pub fn enter_netns(cmd: &mut tokio::process::Command, vm_dir: &Path) -> Result<(), VmNetError> {
     let raw = match std::fs::read(vm_dir.join(NETNS_FILE)) {
         Ok(r) => r,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
-        Err(e) => return Err(format!("read {NETNS_FILE}: {e}")),
+        Err(e) => return Err(VmNetError::io(format!("read {NETNS_FILE}"), e)),
     };
-    let path = std::ffi::CString::new(raw)
-        .map_err(|_| format!("{NETNS_FILE}: the path contains a NUL byte"))?;
+    let path = std::ffi::CString::new(raw).map_err(|_| VmNetError::Nul(NETNS_FILE))?;
     if !Path::new(<std::ffi::OsStr as std::os::unix::ffi::OsStrExt>::from_bytes(path.as_bytes()))
         .exists()
     {
-        return Err(format!(
-            "the VM's network namespace {} is gone",
-            path.to_string_lossy()
-        ));
+        return Err(VmNetError::Gone(path.to_string_lossy().into_owned()));
     }
     // SAFETY: the closure runs in the forked child before exec and only calls open(2),
     // setns(2) and close(2) (async-signal-safe) on a C string allocated before the fork.
@@ -382,7 +376,7 @@ mod tests {
             "/run/netns/dsec-no-such-namespace",
         )
         .unwrap();
-        let e = enter_netns(&mut cmd, t.path()).unwrap_err();
+        let e = enter_netns(&mut cmd, t.path()).unwrap_err().to_string();
         assert!(e.contains("is gone"), "{e}");
     }
 }

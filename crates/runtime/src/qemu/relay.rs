@@ -11,6 +11,7 @@
 //! is stopped, the pause waits until [`outq`] says QEMU's socket holds nothing unread (the
 //! guest, still running, takes them); `pending` bytes given to [`Relay::start`] are sent first.
 
+use super::error::VmError;
 use std::os::fd::AsRawFd;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -63,13 +64,11 @@ impl Relay {
     }
 
     /// Stops copying towards QEMU (after the write in progress) and returns that half.
-    pub async fn detach(&mut self) -> Result<ToGuestEnd, String> {
+    pub async fn detach(&mut self) -> Result<ToGuestEnd, VmError> {
         if let Some(tx) = self.detach.take() {
             let _ = tx.send(());
         }
-        (&mut self.to_guest)
-            .await
-            .map_err(|e| format!("relay task: {e}"))
+        (&mut self.to_guest).await.map_err(VmError::RelayTask)
     }
 
     /// Restarts copying towards QEMU after [`Relay::detach`] (a pause that failed half-way).
@@ -81,10 +80,8 @@ impl Relay {
 
     /// Waits for QEMU's side to end (QEMU exited) and returns the edge's write half, unless the
     /// end was not intentional (then it was dropped).
-    pub async fn finish(self) -> Result<Option<OwnedWriteHalf>, String> {
-        self.from_guest
-            .await
-            .map_err(|e| format!("relay task: {e}"))
+    pub async fn finish(self) -> Result<Option<OwnedWriteHalf>, VmError> {
+        self.from_guest.await.map_err(VmError::RelayTask)
     }
 
     /// Whether the QEMU→edge half has ended.

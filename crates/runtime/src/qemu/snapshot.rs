@@ -3,6 +3,7 @@
 //! paused for an incoming migration and restores the file into it. Template clones
 //! ([`Vm::restore_clone`]) restore the same way from a template's snapshot.
 
+use super::error::VmError;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -11,7 +12,7 @@ use std::time::{Duration, Instant};
 use dsec_wire::api::PauseReport;
 use tokio::net::UnixStream;
 
-use super::qmp::Qmp;
+use super::qmp::{Qmp, QmpError};
 use super::relay::{outq, Relay};
 use super::vm::*;
 use crate::aether_client::AetherClient;
@@ -85,7 +86,7 @@ impl Vm {
         let end = match tokio::time::timeout(Duration::from_secs(10), proc.relay.detach()).await {
             Ok(Ok(end)) if !end.broken => end,
             Ok(Ok(_)) => return Err(fail_dead(proc, "the VM's channel broke")),
-            Ok(Err(e)) => return Err(fail_dead(proc, &e)),
+            Ok(Err(e)) => return Err(fail_dead(proc, &e.to_string())),
             Err(_) => {
                 return Err(fail_dead(
                     proc,
@@ -109,11 +110,9 @@ impl Vm {
         let qmp_path = self.vm_dir.join("qmp.sock");
         let tmp = self.vm_dir.join(format!("{SNAPSHOT}.tmp"));
         let steps = async {
-            let mut q = Qmp::connect_retry(&qmp_path, Duration::from_secs(5))
-                .await
-                .map_err(|e| e.to_string())?;
-            q.stop().await.map_err(|e| e.to_string())?;
-            Ok::<_, String>(q)
+            let mut q = Qmp::connect_retry(&qmp_path, Duration::from_secs(5)).await?;
+            q.stop().await?;
+            Ok::<_, QmpError>(q)
         };
         let mut q = match steps.await {
             Ok(q) => q,
@@ -166,7 +165,7 @@ impl Vm {
         let edge_w = match proc.relay.finish().await {
             Ok(Some(w)) => w,
             Ok(None) => return Err((None, vm_err("the channel to the edge closed"))),
-            Err(e) => return Err((None, vm_err(e))),
+            Err(e) => return Err((None, vm_err(e.to_string()))),
         };
         let size = std::fs::metadata(self.snapshot_path())
             .map(|m| m.len())
@@ -199,9 +198,9 @@ impl Vm {
         }
         let (child, pid, stream, mut q) = restore_process(&self.launch, &self.vm_dir, &snap)
             .await
-            .map_err(|reason| PauseError::Restore {
+            .map_err(|source| PauseError::Restore {
                 id: self.id.clone(),
-                reason,
+                source,
             })?;
         let Phase::Paused(parked) = std::mem::replace(&mut *phase, Phase::Gone) else {
             unreachable!("checked above under the same lock")
@@ -248,7 +247,7 @@ async fn restore_process(
     launch: &Launch,
     vm_dir: &Path,
     snap: &Path,
-) -> Result<(tokio::process::Child, i32, UnixStream, Qmp), String> {
+) -> Result<(tokio::process::Child, i32, UnixStream, Qmp), VmError> {
     let Started {
         mut child,
         pid,
@@ -260,38 +259,33 @@ async fn restore_process(
         crate::microvm::cpio::shell_quote(&snap.display().to_string())
     );
     let restore = async {
-        let mut q = Qmp::connect_retry(&vm_dir.join("qmp.sock"), Duration::from_secs(10))
-            .await
-            .map_err(|e| e.to_string())?;
+        let mut q = Qmp::connect_retry(&vm_dir.join("qmp.sock"), Duration::from_secs(10)).await?;
         if launch.shared_memory() {
-            q.set_capabilities(&[("x-ignore-shared", true)])
-                .await
-                .map_err(|e| e.to_string())?;
+            q.set_capabilities(&[("x-ignore-shared", true)]).await?;
         }
-        q.migrate_incoming(&uri).await.map_err(|e| e.to_string())?;
+        q.migrate_incoming(&uri).await?;
         let deadline = Instant::now() + Duration::from_secs(600);
         loop {
-            let st = q.query_status().await.map_err(|e| e.to_string())?;
+            let st = q.query_status().await?;
             if st != "inmigrate" {
                 break;
             }
             if Instant::now() > deadline {
-                return Err("restore did not finish in 600 s".to_string());
+                return Err(VmError::RestoreTimeout);
             }
             tokio::time::sleep(Duration::from_millis(5)).await;
         }
-        let m = q.query_migrate().await.map_err(|e| e.to_string())?;
+        let m = q.query_migrate().await?;
         if m.status == "failed" {
-            return Err(format!(
-                "restore failed: {}",
-                m.error.unwrap_or_else(|| "unknown error".into())
+            return Err(VmError::RestoreFailed(
+                m.error.unwrap_or_else(|| "unknown error".into()),
             ));
         }
         Ok(q)
     };
     let restored = tokio::select! {
         r = restore => r,
-        st = child.wait() => Err(format!("QEMU exited during the restore ({st:?})")),
+        st = child.wait() => Err(VmError::ExitedDuringRestore(format!("{st:?}"))),
     };
     match restored {
         Ok(q) => Ok((child, pid, stream, q)),
@@ -300,10 +294,10 @@ async fn restore_process(
             let _ = child.wait().await;
             let log = std::fs::read_to_string(vm_dir.join("qemu.log")).unwrap_or_default();
             let tail: Vec<&str> = log.lines().rev().take(3).collect();
-            Err(format!(
-                "{e}; qemu: {}",
-                tail.into_iter().rev().collect::<Vec<_>>().join(" | ")
-            ))
+            Err(VmError::Restore {
+                source: Box::new(e),
+                log: tail.into_iter().rev().collect::<Vec<_>>().join(" | "),
+            })
         }
     }
 }
@@ -318,12 +312,16 @@ impl Vm {
         vm_dir: &Path,
         launch: Launch,
         snap: &Path,
-    ) -> Result<Vm, String> {
-        let args_json = serde_json::to_vec(&launch).map_err(|e| format!("encode args: {e}"))?;
+    ) -> Result<Vm, VmError> {
+        let args_json = serde_json::to_vec(&launch).map_err(|source| VmError::Launch {
+            what: "encode args".into(),
+            source,
+        })?;
         std::fs::write(vm_dir.join(ARGS_FILE), args_json)
-            .map_err(|e| format!("write {ARGS_FILE}: {e}"))?;
+            .map_err(|e| VmError::io(format!("write {ARGS_FILE}"), e))?;
         let (child, pid, stream, mut q) = restore_process(&launch, vm_dir, snap).await?;
-        let (client_end, edge_end) = UnixStream::pair().map_err(|e| format!("socketpair: {e}"))?;
+        let (client_end, edge_end) =
+            UnixStream::pair().map_err(|e| VmError::io("socketpair", e))?;
         let aether = AetherClient::new(client_end);
         let (edge_r, edge_w) = edge_end.into_split();
         let intentional = Arc::new(AtomicBool::new(false));
@@ -331,7 +329,7 @@ impl Vm {
         let vm = Vm::running(id, vm_dir, launch, aether, child, pid, intentional, relay);
         if let Err(e) = q.cont().await {
             let _ = vm.kill().await;
-            return Err(format!("cont after restore: {e}"));
+            return Err(VmError::Cont(e));
         }
         Ok(vm)
     }

@@ -8,6 +8,7 @@
 //! new aether socket (before the guest runs, so it never sees its host side disconnected),
 //! `migrate-incoming exec:cat snapshot`, wait, `cont`, remove the snapshot.
 
+use super::error::VmError;
 use std::io;
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
@@ -166,6 +167,16 @@ impl std::fmt::Display for BootError {
     }
 }
 
+impl From<VmError> for BootError {
+    fn from(e: VmError) -> Self {
+        BootError {
+            qemu_exited: matches!(e, VmError::ExitedAtStart { .. }),
+            init_silent: false,
+            msg: e.to_string(),
+        }
+    }
+}
+
 impl From<String> for BootError {
     fn from(msg: String) -> Self {
         BootError {
@@ -194,7 +205,7 @@ pub(super) async fn start_qemu(
     launch: &Launch,
     vm_dir: &Path,
     extra: &[&str],
-) -> Result<Started, String> {
+) -> Result<Started, VmError> {
     let sock = vm_dir.join("aether.sock");
     let _ = std::fs::remove_file(&sock);
     let _ = std::fs::remove_file(vm_dir.join("qmp.sock"));
@@ -202,9 +213,11 @@ pub(super) async fn start_qemu(
         .create(true)
         .append(true)
         .open(vm_dir.join("qemu.log"))
-        .map_err(|e| format!("open qemu.log: {e}"))?;
+        .map_err(|e| VmError::io("open qemu.log", e))?;
     let log_start = log.metadata().map(|m| m.len()).unwrap_or(0);
-    let log2 = log.try_clone().map_err(|e| format!("dup qemu.log: {e}"))?;
+    let log2 = log
+        .try_clone()
+        .map_err(|e| VmError::io("dup qemu.log", e))?;
     let mut cmd = tokio::process::Command::new(&launch.qemu_binary);
     // A VM with a NIC runs QEMU in the sandbox's network namespace (net.rs).
     super::net::enter_netns(&mut cmd, vm_dir)?;
@@ -216,16 +229,22 @@ pub(super) async fn start_qemu(
         .stderr(log2)
         .kill_on_drop(true)
         .spawn()
-        .map_err(|e| format!("start {}: {e}", launch.qemu_binary.display()))?;
+        .map_err(|source| VmError::Spawn {
+            binary: launch.qemu_binary.clone(),
+            source,
+        })?;
     let pid = child.id().map(|p| p as i32).unwrap_or(0);
     let stream = tokio::select! {
         r = tokio::time::timeout(Duration::from_secs(30), connect_when_listening(&sock)) => match r {
             Ok(Ok(s)) => s,
-            Ok(Err(e)) => return Err(format!("connect the aether channel: {e}")),
-            Err(_) => return Err("QEMU did not open the aether channel socket within 30 s".into()),
+            Ok(Err(e)) => return Err(VmError::Channel(e)),
+            Err(_) => return Err(VmError::NoChannel),
         },
         st = child.wait() => {
-            return Err(format!("QEMU exited at start ({st:?}): {}", qemu_log_since(vm_dir, log_start)));
+            return Err(VmError::ExitedAtStart {
+                status: format!("{st:?}"),
+                log: qemu_log_since(vm_dir, log_start),
+            });
         }
     };
     Ok(Started {
@@ -285,10 +304,10 @@ impl Vm {
             log_start,
         } = start_qemu(&launch, vm_dir, &[])
             .await
-            .map_err(|msg| BootError {
-                qemu_exited: msg.starts_with("QEMU exited"),
+            .map_err(|e| BootError {
+                qemu_exited: matches!(e, VmError::ExitedAtStart { .. }),
                 init_silent: false,
-                msg,
+                msg: e.to_string(),
             })?;
         // The guest's /init waits for this byte before starting aether: a read of a
         // virtio-serial port whose host side is not yet open returns EOF.
@@ -392,20 +411,22 @@ impl Vm {
     /// Takes over a paused VM of an earlier edge run: its directory holds the command line and
     /// the snapshot. The guest's channel is a fresh stream; aether in the guest keeps its
     /// sessions.
-    pub fn adopt_paused(id: &str, vm_dir: &Path) -> Result<Vm, String> {
+    pub fn adopt_paused(id: &str, vm_dir: &Path) -> Result<Vm, VmError> {
         if !vm_dir.join(SNAPSHOT).is_file() {
-            return Err(format!("no snapshot in {}", vm_dir.display()));
+            return Err(VmError::NoSnapshot(vm_dir.to_path_buf()));
         }
-        let raw =
-            std::fs::read(vm_dir.join(ARGS_FILE)).map_err(|e| format!("read {ARGS_FILE}: {e}"))?;
-        let launch: Launch =
-            serde_json::from_slice(&raw).map_err(|e| format!("parse {ARGS_FILE}: {e}"))?;
+        let raw = std::fs::read(vm_dir.join(ARGS_FILE))
+            .map_err(|e| VmError::io(format!("read {ARGS_FILE}"), e))?;
+        let launch: Launch = serde_json::from_slice(&raw).map_err(|source| VmError::Launch {
+            what: format!("parse {ARGS_FILE}"),
+            source,
+        })?;
         let (client_end, edge_end) =
-            std::os::unix::net::UnixStream::pair().map_err(|e| format!("socketpair: {e}"))?;
-        let conv = |s: std::os::unix::net::UnixStream| -> Result<UnixStream, String> {
+            std::os::unix::net::UnixStream::pair().map_err(|e| VmError::io("socketpair", e))?;
+        let conv = |s: std::os::unix::net::UnixStream| -> Result<UnixStream, VmError> {
             s.set_nonblocking(true)
-                .map_err(|e| format!("nonblocking: {e}"))?;
-            UnixStream::from_std(s).map_err(|e| format!("register socket: {e}"))
+                .map_err(|e| VmError::io("nonblocking", e))?;
+            UnixStream::from_std(s).map_err(|e| VmError::io("register socket", e))
         };
         let aether = AetherClient::new(conv(client_end)?);
         let (edge_r, edge_w) = conv(edge_end)?.into_split();
@@ -482,7 +503,7 @@ impl Vm {
     }
 
     /// Ends QEMU (if it runs) and closes the channel. Idempotent.
-    pub async fn kill(&self) -> Result<(), String> {
+    pub async fn kill(&self) -> Result<(), VmError> {
         let mut phase = self.phase.lock().await;
         let result = match std::mem::replace(&mut *phase, Phase::Gone) {
             Phase::Running(p) => {
@@ -498,7 +519,7 @@ impl Vm {
                 // Dropping the relay's halves closes the client's channel.
                 drop(p.relay);
                 if r.is_err() {
-                    Err(format!("QEMU (pid {}) did not exit after SIGKILL", p.pid))
+                    Err(VmError::KillTimeout(p.pid))
                 } else {
                     Ok(())
                 }
@@ -531,9 +552,9 @@ pub async fn destroy_vm(
     vm_dir: &Path,
 ) -> Result<(), crate::substrate::DestroySandboxError> {
     use crate::substrate::DestroySandboxError;
-    vm.kill().await.map_err(|what| DestroySandboxError::Io {
+    vm.kill().await.map_err(|e| DestroySandboxError::Io {
         id: id.to_string(),
-        what,
+        what: e.to_string(),
         source: io::Error::from(io::ErrorKind::TimedOut),
     })?;
     match tokio::fs::remove_dir_all(vm_dir).await {

@@ -88,7 +88,7 @@ impl<T: VmGuest> LiveSandbox for VmLive<T> {
 /// loaded TCG guest may take seconds), is ended by its pidfile, then the directory is removed.
 pub async fn adopt_paused_vm<T: VmGuest>(
     kind: &str,
-    adopted: Result<T, String>,
+    adopted: Result<T, crate::qemu::VmError>,
     id: String,
     dir: &Path,
     pid: i32,
