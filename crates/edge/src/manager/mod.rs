@@ -26,8 +26,9 @@ mod recover;
 mod stop;
 mod validate;
 
+pub use crate::names::{validate_hostname, validate_user};
 pub use jobs::{labels_match, JobOp};
-pub use validate::{validate_create, validate_hostname, validate_user, Validated};
+pub use validate::{validate_create, Validated};
 
 use std::collections::{HashMap, VecDeque};
 use std::path::{Path, PathBuf};
