@@ -23,6 +23,7 @@ mod pause;
 mod policies;
 mod proxy;
 mod recover;
+mod rollback;
 mod stop;
 mod validate;
 
@@ -115,7 +116,7 @@ struct Entry {
     id: String,
     dir: PathBuf,
     info: Mutex<SandboxInfo>,
-    sandbox: Box<dyn LiveSandbox>,
+    sandbox: Arc<dyn LiveSandbox>,
     aether: AetherClient,
     lease: Mutex<Option<ImageLease>>,
     memory_mb: u64,
