@@ -15,7 +15,7 @@ use futures::stream::BoxStream;
 use futures::StreamExt as _;
 
 use crate::error::{EdgeError, Subject};
-use crate::manager::validate_user;
+use crate::names::validate_user;
 
 /// What a shell/exec call answers: one result, or a stream of NDJSON lines.
 pub enum CommandReply {

@@ -53,8 +53,8 @@ pub struct EdgeConfig {
     pub tombstones: usize,
     /// Labels reported in the node status (placement filters on them).
     pub labels: BTreeMap<String, String>,
-    /// `[edge.trajectory]`: the per-sandbox call log (see [`crate::trajectory`]).
-    pub trajectory: crate::trajectory::TrajectoryConfig,
+    /// `[edge.trajectory]`: the per-sandbox call log (see [`dsec_trajectory`]).
+    pub trajectory: dsec_trajectory::TrajectoryConfig,
     /// Where layer data blobs live: `local` (`<data_dir>/edge/images/blobs`), `local:/dir`,
     /// or `posix:/mounted/dir` (a distributed file system; blocks are read on demand).
     pub image_blob_store: String,
@@ -145,6 +145,15 @@ pub struct ConfigError {
 /// `edge`.
 impl From<dsec_network::NetworkConfigError> for ConfigError {
     fn from(e: dsec_network::NetworkConfigError) -> Self {
+        ConfigError {
+            key: e.key,
+            message: e.message,
+        }
+    }
+}
+
+impl From<crate::vm_config::VmConfigError> for ConfigError {
+    fn from(e: crate::vm_config::VmConfigError) -> Self {
         ConfigError {
             key: e.key,
             message: e.message,
@@ -316,6 +325,7 @@ impl EdgeConfig {
     /// values from the file. A value that is not of the key's type is an error naming the key.
     pub fn apply_env(&mut self) -> Result<(), ConfigError> {
         crate::vm_config::apply_env(&mut self.microvm, &mut self.vm, &|k| std::env::var(k).ok())
+            .map_err(ConfigError::from)
     }
 
     /// `<data_dir>/edge`.

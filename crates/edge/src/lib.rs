@@ -39,6 +39,7 @@ pub mod files;
 pub mod http;
 pub mod manager;
 pub mod metrics;
+pub mod names;
 pub mod network;
 pub mod pack;
 pub mod records;

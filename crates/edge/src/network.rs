@@ -4,13 +4,15 @@
 //!
 //! This is the glue between the sandbox lifecycle and [`dsec_network`] (which owns namespaces,
 //! veths, nftables, the DNS proxy and policy): it validates the request, persists
-//! [`SavedNetwork`] beside the sandbox's record, writes the sandbox's `resolv.conf`, and
-//! attaches, waits for, releases and re-adopts the sandbox's network at the right steps.
+//! [`SavedNetwork`] beside the sandbox's record, hands the substrate the sandbox's
+//! `resolv.conf` to write into its writable layer, and attaches, waits for, releases and
+//! re-adopts the sandbox's network at the right steps.
 
 use std::path::Path;
 use std::sync::Arc;
 
 use dsec_network::{Network, SavedNetwork};
+use dsec_runtime::substrate::LayerFile;
 use dsec_wire::api::{CreateSandboxRequest, NetworkMode, NetworkSpec};
 
 use crate::config::EdgeConfig;
@@ -20,6 +22,8 @@ use crate::error::EdgeError;
 #[derive(Default)]
 pub struct Extras {
     pub netns: Option<Arc<std::os::fd::OwnedFd>>,
+    /// `etc/resolv.conf`, for the substrate to write into the writable layer.
+    pub layer_files: Vec<LayerFile>,
 }
 
 /// Where [`SavedNetwork`] is persisted, in the sandbox's directory, so that a re-adopted
@@ -68,16 +72,13 @@ pub async fn prepare(
         groups: Some(policy.groups.clone()),
     };
     let att = net.attach(id, policy).await?;
-    let etc = dir.join("upper").join("etc");
-    let written = std::fs::create_dir_all(&etc)
-        .and_then(|()| std::fs::write(etc.join("resolv.conf"), &att.resolv_conf));
-    if let Err(e) = written {
-        release(net, id, dir).await;
-        return Err(EdgeError::internal("write the sandbox's resolv.conf", &e));
-    }
     save(net, id, dir, spec);
     Ok(Extras {
         netns: Some(att.netns),
+        layer_files: vec![LayerFile {
+            path: "etc/resolv.conf".to_string(),
+            contents: att.resolv_conf.into(),
+        }],
     })
 }
 

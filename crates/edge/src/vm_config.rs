@@ -14,7 +14,14 @@ use dsec_runtime::microvm::template::TemplateConfig;
 use dsec_runtime::microvm::{Accel, Machine, MicroVmConfig};
 use serde::{Deserialize, Serialize};
 
-use crate::config::ConfigError;
+/// A value of `[edge.microvm]` or `[edge.vm]` that cannot work; `key` is the TOML key. (Its
+/// own type, so this module does not depend on [`crate::config`], which embeds it.)
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+#[error("edge config: {key}: {message}")]
+pub struct VmConfigError {
+    pub key: &'static str,
+    pub message: String,
+}
 
 /// `[edge.microvm]`: the microVM substrate.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -85,8 +92,8 @@ pub struct VmSection {
     pub qemu_img: Option<PathBuf>,
 }
 
-fn bad(key: &'static str, message: impl Into<String>) -> ConfigError {
-    ConfigError {
+fn bad(key: &'static str, message: impl Into<String>) -> VmConfigError {
+    VmConfigError {
         key,
         message: message.into(),
     }
@@ -97,7 +104,7 @@ fn choice<T>(
     value: &str,
     parse: fn(&str) -> Option<T>,
     allowed: &str,
-) -> Result<T, ConfigError> {
+) -> Result<T, VmConfigError> {
     parse(value).ok_or_else(|| bad(key, format!("{value:?} is not allowed: use {allowed}")))
 }
 
@@ -124,7 +131,7 @@ fn env_number<T: std::str::FromStr>(
     key: &'static str,
     var: &str,
     value: &str,
-) -> Result<T, ConfigError> {
+) -> Result<T, VmConfigError> {
     value.trim().parse().map_err(|_| {
         bad(
             key,
@@ -133,7 +140,7 @@ fn env_number<T: std::str::FromStr>(
     })
 }
 
-fn env_bool(key: &'static str, var: &str, value: &str) -> Result<bool, ConfigError> {
+fn env_bool(key: &'static str, var: &str, value: &str) -> Result<bool, VmConfigError> {
     match value.trim() {
         "1" | "true" | "on" => Ok(true),
         "0" | "false" | "off" => Ok(false),
@@ -151,7 +158,7 @@ pub fn apply_env(
     microvm: &mut MicroVmSection,
     vm: &mut VmSection,
     get: &dyn Fn(&str) -> Option<String>,
-) -> Result<(), ConfigError> {
+) -> Result<(), VmConfigError> {
     for &(var, key) in ENV_KEYS {
         let Some(v) = get(var) else { continue };
         match key {
@@ -179,7 +186,7 @@ pub fn apply_env(
 }
 
 /// Checks both sections; the error names the first bad key, its value and what is allowed.
-pub fn validate(microvm: &MicroVmSection, vm: &VmSection) -> Result<(), ConfigError> {
+pub fn validate(microvm: &MicroVmSection, vm: &VmSection) -> Result<(), VmConfigError> {
     microvm.accel()?;
     microvm.machine()?;
     if microvm.qemu.as_os_str().is_empty() {
@@ -226,12 +233,12 @@ pub fn validate(microvm: &MicroVmSection, vm: &VmSection) -> Result<(), ConfigEr
 
 impl MicroVmSection {
     /// The accelerator, or the error naming `microvm.accel`.
-    pub fn accel(&self) -> Result<Accel, ConfigError> {
+    pub fn accel(&self) -> Result<Accel, VmConfigError> {
         choice("microvm.accel", &self.accel, Accel::parse, Accel::ALLOWED)
     }
 
     /// The machine type, or the error naming `microvm.machine`.
-    pub fn machine(&self) -> Result<Machine, ConfigError> {
+    pub fn machine(&self) -> Result<Machine, VmConfigError> {
         choice(
             "microvm.machine",
             &self.machine,
@@ -256,7 +263,7 @@ impl MicroVmSection {
         &self,
         aether_path: PathBuf,
         blob_dirs: Vec<PathBuf>,
-    ) -> Result<MicroVmConfig, ConfigError> {
+    ) -> Result<MicroVmConfig, VmConfigError> {
         let mut c = MicroVmConfig::new(self.guest_dir(), aether_path, blob_dirs);
         c.qemu_binary = self.qemu.clone();
         c.accel = self.accel()?;
@@ -280,7 +287,7 @@ impl MicroVmSection {
 
 impl VmSection {
     /// The accelerator (default: the microVMs'), or the error naming `vm.accel`.
-    pub fn accel(&self, microvm: &MicroVmSection) -> Result<Accel, ConfigError> {
+    pub fn accel(&self, microvm: &MicroVmSection) -> Result<Accel, VmConfigError> {
         match &self.accel {
             Some(a) => choice("vm.accel", a, Accel::parse, Accel::ALLOWED),
             None => microvm.accel(),
@@ -288,7 +295,7 @@ impl VmSection {
     }
 
     /// The machine type (default `q35`), or the error naming `vm.machine`.
-    pub fn machine(&self) -> Result<PcMachine, ConfigError> {
+    pub fn machine(&self) -> Result<PcMachine, VmConfigError> {
         match &self.machine {
             Some(m) => choice("vm.machine", m, PcMachine::parse, PcMachine::ALLOWED),
             None => Ok(PcMachine::Q35),
@@ -296,7 +303,7 @@ impl VmSection {
     }
 
     /// The runtime's configuration (after [`validate`]).
-    pub fn runtime_config(&self, microvm: &MicroVmSection) -> Result<FullVmConfig, ConfigError> {
+    pub fn runtime_config(&self, microvm: &MicroVmSection) -> Result<FullVmConfig, VmConfigError> {
         let mut c = FullVmConfig::new();
         c.accel = self.accel(microvm)?;
         c.machine = self.machine()?;

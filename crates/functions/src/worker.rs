@@ -230,6 +230,7 @@ impl WorkerFactory {
             netns: None,
             protected_paths: Vec::new(),
             disk_limit_mb: None,
+            layer_files: Vec::new(),
         };
         let sandbox = match self.substrate.create(spec).await {
             Ok(s) => s,

@@ -54,6 +54,19 @@ pub struct SandboxSpec {
     /// edge has a default). A container gets a loop-mounted file system of that size
     /// ([`crate::container::disk`]); a microVM sizes its writable disk (`upper.img`) with it.
     pub disk_limit_mb: Option<u64>,
+    /// Files the edge puts into the sandbox's writable layer before it starts (the network's
+    /// `etc/resolv.conf`). The substrate writes them once that layer exists, so they land on
+    /// the disk limit's file system when there is one; a substrate whose writable layer is
+    /// not `<dir>/upper` on the host (a VM's disk) ignores them.
+    pub layer_files: Vec<LayerFile>,
+}
+
+/// One file of [`SandboxSpec::layer_files`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LayerFile {
+    /// Relative to the sandbox's root, without `..` (`etc/resolv.conf`).
+    pub path: String,
+    pub contents: Vec<u8>,
 }
 
 /// Resource usage of a running sandbox.
@@ -77,6 +90,11 @@ pub enum CreateSandboxError {
     Setup(String),
     #[error(transparent)]
     DiskLimit(#[from] crate::container::disk::DiskLimitError),
+    #[error("write {path} into the sandbox's writable layer: {source}")]
+    LayerFile {
+        path: PathBuf,
+        source: std::io::Error,
+    },
     #[error("sandbox {id}: {error}; cleanup also failed: {cleanup}")]
     WithCleanup {
         id: String,
@@ -314,6 +332,19 @@ pub trait LiveSandbox: Send + Sync + 'static {
     }
     /// Kills everything and removes the substrate's kernel objects and directories. Idempotent.
     fn destroy(&self) -> BoxFut<'_, Result<(), DestroySandboxError>>;
+    /// [`LiveSandbox::destroy`] that also moves the sandbox's directory to `to` in the order
+    /// the substrate needs, and releases what it keeps under the directory where it then is.
+    /// Answers whether the directory is at `to` now, with the destroy's result. A substrate
+    /// with [`Capabilities::early_teardown`] moves first (the stop then waits for no unlink)
+    /// and releases at `to`; the default destroys in place and does not move (the caller
+    /// retires the directory afterwards).
+    fn destroy_moving_dir<'a>(
+        &'a self,
+        to: &'a std::path::Path,
+    ) -> BoxFut<'a, (bool, Result<(), DestroySandboxError>)> {
+        let _ = to;
+        Box::pin(async move { (false, self.destroy().await) })
+    }
     /// Resolves when the sandbox is gone on its own: its init exited or its channel closed.
     fn exited(&self) -> BoxFut<'_, ()>;
     /// Stops the sandbox from running and gives its memory back, keeping its state: a

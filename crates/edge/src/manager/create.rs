@@ -4,7 +4,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
-use dsec_runtime::substrate::{CreateOptions, ImageSource, SandboxSpec};
+use dsec_runtime::substrate::{CreateOptions, ImageSource, LiveSandbox, SandboxSpec};
 use dsec_wire::api::{CreateSandboxRequest, SandboxInfo, SandboxState};
 use dsec_wire::id::make_sandbox_id;
 use tokio::sync::OnceCell;
@@ -13,6 +13,7 @@ use crate::config::EdgeConfig;
 use crate::error::EdgeError;
 use crate::records::{self, SandboxRecord};
 
+use super::rollback::Rollback;
 use super::{
     lock, now_ms, now_rfc3339, remove_dir, validate_create, End, Entry, Manager, Validated,
 };
@@ -39,8 +40,19 @@ impl Manager {
         if let Some(existing) = self.admit(&id, &v, req.idempotency_key.as_deref())? {
             return Ok(existing);
         }
-        match self.build(&id, &req, &v, started).await {
+        // Everything the create builds from here on is undone, in reverse order, unless it
+        // succeeds (also when this future is dropped halfway).
+        let mut rb = Rollback::new(&id);
+        {
+            let (me, id, memory_mb, cpu) = (self.clone(), id.clone(), v.memory_mb, v.cpu);
+            rb.push("release the admission", move || async move {
+                me.unadmit(&id, memory_mb, cpu);
+                Ok(())
+            });
+        }
+        match self.build(&id, &req, &v, started, &mut rb).await {
             Ok(entry) => {
+                rb.commit();
                 let info = entry.info();
                 crate::trajectory::hooks::begin(&self.traj, &id, &req, &info);
                 self.qos.started(&id);
@@ -73,19 +85,29 @@ impl Manager {
                 Ok(info)
             }
             Err(e) => {
-                self.qos.release(&id);
-                {
-                    let mut st = lock(&self.state);
-                    st.creating.remove(&id);
-                    st.count -= 1;
-                    st.memory_mb -= v.memory_mb;
-                    st.cpu = (st.cpu - v.cpu).max(0.0);
-                }
+                let problems = rb.run().await;
                 self.metrics.sandboxes_create_errors.inc();
                 tracing::warn!(sandbox = %id, error = %e, "create failed");
-                Err(e)
+                if problems.is_empty() {
+                    Err(e)
+                } else {
+                    Err(EdgeError::Internal(format!(
+                        "{e}; cleanup also failed: {}",
+                        problems.join("; ")
+                    )))
+                }
             }
         }
+    }
+
+    /// Gives back what [`Manager::admit`] reserved for a create that failed.
+    fn unadmit(&self, id: &str, memory_mb: u64, cpu: f64) {
+        self.qos.release(id);
+        let mut st = lock(&self.state);
+        st.creating.remove(id);
+        st.count -= 1;
+        st.memory_mb -= memory_mb;
+        st.cpu = (st.cpu - cpu).max(0.0);
     }
 
     /// Admission: capacity, CPU and memory (with overcommit), idempotency. Reserves on success;
@@ -167,6 +189,7 @@ impl Manager {
         req: &CreateSandboxRequest,
         v: &Validated,
         started: Instant,
+        rb: &mut Rollback,
     ) -> Result<Arc<Entry>, EdgeError> {
         let driver = self.substrates.get(req.substrate)?;
         let caps = driver.capabilities();
@@ -188,6 +211,22 @@ impl Manager {
                     .map_err(EdgeError::from_image)?,
             ),
         };
+        let image = lease
+            .as_ref()
+            .map_or_else(|| v.image.clone(), |l| l.image().to_string());
+        let lowers = match &lease {
+            Some(l) => l.lowers(),
+            None => vm_disk.clone().into_iter().collect(),
+        };
+        // Held until the sandbox is torn down (the entry takes it), or the rollback is done.
+        let lease = Arc::new(Mutex::new(lease));
+        {
+            let lease = lease.clone();
+            rb.push("release the image lease", move || async move {
+                drop(lock(&lease).take());
+                Ok(())
+            });
+        }
         let dir = self.cfg.sandboxes_dir().join(id);
         let disk_limit_mb = req
             .disk_limit_mb
@@ -198,9 +237,7 @@ impl Manager {
             node: self.cfg.node_id.clone(),
             state: SandboxState::Creating,
             substrate: req.substrate,
-            image: lease
-                .as_ref()
-                .map_or_else(|| v.image.clone(), |l| l.image().to_string()),
+            image,
             memory_limit_mb: v.memory_mb,
             cpu_cores_limit: v.cpu,
             pids_limit: v.pids,
@@ -238,21 +275,25 @@ impl Manager {
                 &e,
             ));
         }
-        // Network namespace, rules and disk limit (issue 8); rolled back with the directory.
-        let extras = match crate::network::prepare(&self.net, &self.cfg, id, &dir, req).await {
-            Ok(x) => x,
-            Err(e) => {
-                let _ = remove_dir(&dir);
-                return Err(e);
-            }
-        };
+        {
+            let dir = dir.clone();
+            rb.push("remove the sandbox dir", move || async move {
+                remove_dir(&dir).map_err(|e| format!("remove {}: {e}", dir.display()).into())
+            });
+        }
+        // Network namespace and rules (issue 8).
+        let extras = crate::network::prepare(&self.net, &self.cfg, id, &dir, req).await?;
+        {
+            let (net, id, dir) = (self.net.clone(), id.to_string(), dir.clone());
+            rb.push("release the network", move || async move {
+                crate::network::release(&net, &id, &dir).await;
+                Ok(())
+            });
+        }
         let spec = SandboxSpec {
             id: id.to_string(),
             hostname: info.hostname.clone(),
-            lowers: match &lease {
-                Some(l) => l.lowers(),
-                None => vm_disk.clone().into_iter().collect(),
-            },
+            lowers,
             dir: dir.clone(),
             memory_limit_mb: v.memory_mb,
             cpu_cores_limit: v.cpu,
@@ -260,6 +301,7 @@ impl Manager {
             user: v.user.clone(),
             env: req.env.clone(),
             netns: extras.netns.clone(),
+            layer_files: extras.layer_files,
             protected_paths: req.protected_paths.clone(),
             disk_limit_mb,
         };
@@ -268,20 +310,18 @@ impl Manager {
         let opts = CreateOptions {
             sched_idle: matches!(v.qos, dsec_wire::api::QosClass::BestEffort),
         };
-        let sandbox = match driver.create(spec, opts).await {
-            Ok(s) => s,
-            Err(e) => {
-                let err = EdgeError::from_create(e);
-                crate::network::release(&self.net, id, &dir).await;
-                if let Err(ce) = remove_dir(&dir) {
-                    return Err(EdgeError::Internal(format!(
-                        "{err}; cleanup also failed: remove {}: {ce}",
-                        dir.display()
-                    )));
-                }
-                return Err(err);
-            }
-        };
+        // The substrate removes what it built itself when its create fails.
+        let sandbox: Arc<dyn LiveSandbox> = driver
+            .create(spec, opts)
+            .await
+            .map_err(EdgeError::from_create)?
+            .into();
+        {
+            let sandbox = sandbox.clone();
+            rb.push("destroy the sandbox", move || async move {
+                sandbox.destroy().await.map_err(Into::into)
+            });
+        }
         // The sandbox's nftables chains were added while it started: wait for them.
         let net_ready = crate::network::started(&self.net, &self.cfg, id, &dir).await;
         // QoS before the sandbox is handed out: no user command has run yet.
@@ -312,17 +352,8 @@ impl Manager {
                 v.qos
             ))),
         };
-        if let Err(err) = persisted {
-            let destroyed = sandbox.destroy().await;
-            crate::network::release(&self.net, id, &dir).await;
-            let removed = remove_dir(&dir);
-            if destroyed.is_err() || removed.is_err() {
-                return Err(EdgeError::Internal(format!(
-                    "{err}; cleanup also failed: destroy: {destroyed:?}, remove dir: {removed:?}"
-                )));
-            }
-            return Err(err);
-        }
+        persisted?;
+        let lease = lock(&lease).take();
         let aether = sandbox.aether().clone();
         Ok(Arc::new(Entry {
             id: id.to_string(),

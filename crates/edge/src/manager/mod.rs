@@ -23,11 +23,13 @@ mod pause;
 mod policies;
 mod proxy;
 mod recover;
+mod rollback;
 mod stop;
 mod validate;
 
+pub use crate::names::{validate_hostname, validate_user};
 pub use jobs::{labels_match, JobOp};
-pub use validate::{validate_create, validate_hostname, validate_user, Validated};
+pub use validate::{validate_create, Validated};
 
 use std::collections::{HashMap, VecDeque};
 use std::path::{Path, PathBuf};
@@ -114,7 +116,7 @@ struct Entry {
     id: String,
     dir: PathBuf,
     info: Mutex<SandboxInfo>,
-    sandbox: Box<dyn LiveSandbox>,
+    sandbox: Arc<dyn LiveSandbox>,
     aether: AetherClient,
     lease: Mutex<Option<ImageLease>>,
     memory_mb: u64,

@@ -148,10 +148,11 @@ impl Manager {
                     .map_err(|e| format!("re-take image lease on {}: {e}", rec.image))?,
             ),
         };
-        let sandbox = substrate
+        let sandbox: Arc<dyn dsec_runtime::substrate::LiveSandbox> = substrate
             .adopt(id.to_string(), dir.to_path_buf(), rec.pid)
             .await
-            .map_err(|e| e.to_string())?;
+            .map_err(|e| e.to_string())?
+            .into();
         let mut info = rec.info.clone();
         let paused = sandbox.is_paused();
         info.state = if paused {

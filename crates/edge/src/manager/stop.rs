@@ -43,31 +43,21 @@ impl Manager {
         let t0 = Instant::now();
         // The directory leaves `sandboxes/` with one rename into the trash and is removed in
         // the background once the sandbox is dead (flushed at shutdown, emptied at start): the
-        // stop waits for no unlink. A container's directory moves before the kill (its mounts
-        // live only in its own mount namespace, which holds them by reference, and its
-        // substrate then finds its subdirectories gone); VM drivers still use files in theirs
-        // while they destroy, so theirs moves after.
+        // stop waits for no unlink. The substrate orders the move and its destroy: a container
+        // moves its directory before the kill (its mounts live only in its own mount namespace)
+        // and releases its disk limit's file system where the directory went; a VM still uses
+        // files in its directory while it is destroyed, so it does not move it and the
+        // directory is retired after.
         let trash = self.cfg.edge_dir().join(records::TRASH_DIR);
-        let early = self
-            .substrates
-            .capabilities(lock(&entry.info).substrate)
-            .is_some_and(|c| c.early_teardown);
-        let moved = early
-            .then(|| records::move_to_trash(&entry.dir, &trash))
-            .flatten();
-        let dir = moved.clone().unwrap_or_else(|| entry.dir.clone());
-        if let Err(e) = entry.sandbox.destroy().await {
+        let dest = trash.join(&entry.id);
+        let (was_moved, destroy) = entry.sandbox.destroy_moving_dir(&dest).await;
+        if let Err(e) = destroy {
             problems.push(format!("destroy: {e}"));
         }
+        let moved = was_moved.then_some(dest);
+        let dir = moved.clone().unwrap_or_else(|| entry.dir.clone());
         let destroyed = t0.elapsed();
         crate::network::release(&self.net, &entry.id, &dir).await;
-        if moved.is_some() {
-            // A container's disk-limit file system moved into the trash with its directory:
-            // release it there (the substrate's destroy looked under the old path).
-            let d = dir.clone();
-            let _ = tokio::task::spawn_blocking(move || dsec_runtime::container::disk::release(&d))
-                .await;
-        }
         drop(lock(&entry.lease).take());
         let released = t0.elapsed();
         let removed = match moved {

@@ -110,43 +110,18 @@ pub fn prepare(dir: &Path, limit_mb: u64, bps: u64) -> Result<(), DiskLimitError
         let inner = fs.join(d);
         let link = dir.join(d);
         // The sandbox's directory may come with an empty `upper`/`work` already (a fresh or
-        // recycled directory): the limited file system's takes its place. `remove_dir` only
-        // removes an empty directory, so nothing written is ever lost here.
-        // What the edge already wrote there (the network's `etc/resolv.conf`) is copied onto
-        // the limited file system before the plain directory is removed.
+        // recycled directory): the limited file system's takes its place. Nothing is written
+        // into the layer before this (the substrate writes the edge's files after), and
+        // `remove_dir` only removes an empty directory, so nothing written is ever lost here.
         let made = std::fs::create_dir_all(&inner)
             .and_then(|()| match std::fs::symlink_metadata(&link) {
-                Ok(m) if m.is_dir() => {
-                    copy_tree(&link, &inner).and_then(|()| std::fs::remove_dir_all(&link))
-                }
+                Ok(m) if m.is_dir() => std::fs::remove_dir(&link),
                 _ => Ok(()),
             })
             .and_then(|()| std::os::unix::fs::symlink(&inner, &link));
         if let Err(e) = made {
             release(dir);
             return Err(io_err("prepare", &link)(e));
-        }
-    }
-    Ok(())
-}
-
-/// Copies the directory tree `from` into `to` (directories, regular files with their modes,
-/// symlinks), for the few files the edge writes into a writable layer before it starts.
-fn copy_tree(from: &Path, to: &Path) -> std::io::Result<()> {
-    use std::os::unix::fs::{MetadataExt as _, PermissionsExt as _};
-    for entry in std::fs::read_dir(from)? {
-        let entry = entry?;
-        let src = entry.path();
-        let dst = to.join(entry.file_name());
-        let meta = std::fs::symlink_metadata(&src)?;
-        if meta.is_dir() {
-            std::fs::create_dir_all(&dst)?;
-            std::fs::set_permissions(&dst, std::fs::Permissions::from_mode(meta.mode() & 0o7777))?;
-            copy_tree(&src, &dst)?;
-        } else if meta.file_type().is_symlink() {
-            std::os::unix::fs::symlink(std::fs::read_link(&src)?, &dst)?;
-        } else {
-            std::fs::copy(&src, &dst)?;
         }
     }
     Ok(())

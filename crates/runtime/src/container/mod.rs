@@ -37,7 +37,7 @@ use tokio::sync::watch;
 
 use crate::aether_client::{AetherClient, ChannelError};
 use crate::cgroup::{Cgroup, CgroupRoot, Limits};
-use crate::substrate::{CreateSandboxError, DestroySandboxError, SandboxSpec, Usage};
+use crate::substrate::{CreateSandboxError, DestroySandboxError, LayerFile, SandboxSpec, Usage};
 
 pub use pidfd::AetherExit;
 pub use spawn::SchedClass;
@@ -104,19 +104,24 @@ impl ContainerSubstrate {
                     id: id.clone(),
                     source: io::Error::other(e),
                 })?;
-        // The writable layer's size limit: a file system of its own, capped on its device.
+        // The writable layer's size limit: a file system of its own, capped on its device. It
+        // exists before anything is written into the layer: the edge's files come after it.
         let disk = spec.disk_limit_mb.filter(|mb| *mb > 0);
-        if let Some(mb) = disk {
+        if disk.is_some() || !spec.layer_files.is_empty() {
             let dir = spec.dir.clone();
             let bps = self.disk_bps;
             let cg = cgroup.clone();
+            let files = spec.layer_files.clone();
             let made = tokio::task::spawn_blocking(move || {
-                disk::prepare(&dir, mb, bps).map(|()| disk::throttle_v2(&cg, &dir, bps))
+                if let Some(mb) = disk {
+                    disk::prepare(&dir, mb, bps).map(|()| disk::throttle_v2(&cg, &dir, bps))?;
+                }
+                write_layer_files(&dir.join("upper"), &files)
             })
             .await;
             let err = match made {
                 Ok(Ok(())) => None,
-                Ok(Err(e)) => Some(CreateSandboxError::DiskLimit(e)),
+                Ok(Err(e)) => Some(e),
                 Err(e) => Some(CreateSandboxError::Spawn(io::Error::other(e))),
             };
             if let Some(error) = err {
@@ -124,7 +129,9 @@ impl ContainerSubstrate {
                 let cg = cgroup.clone();
                 // prepare removed what it built; the cgroup is empty.
                 let _ = tokio::task::spawn_blocking(move || {
-                    disk::release(&dir);
+                    if disk.is_some() {
+                        disk::release(&dir);
+                    }
                     remove_dead_cgroup(&cg)
                 })
                 .await;
@@ -443,6 +450,44 @@ impl SandboxDirs {
     }
 }
 
+/// Renames a sandbox's directory to `to`, making `to`'s parent when it is missing.
+fn move_dir(from: &Path, to: &Path) -> io::Result<()> {
+    match std::fs::rename(from, to) {
+        Err(e) if e.kind() == io::ErrorKind::NotFound && from.exists() => {
+            if let Some(parent) = to.parent() {
+                std::fs::create_dir_all(parent)?;
+            }
+            std::fs::rename(from, to)
+        }
+        other => other,
+    }
+}
+
+/// Writes [`SandboxSpec::layer_files`] into the writable layer's upper directory (blocking).
+fn write_layer_files(upper: &Path, files: &[LayerFile]) -> Result<(), CreateSandboxError> {
+    for f in files {
+        let rel = Path::new(&f.path);
+        if rel.is_absolute()
+            || rel
+                .components()
+                .any(|c| !matches!(c, std::path::Component::Normal(_)))
+        {
+            return Err(CreateSandboxError::InvalidSpec(format!(
+                "layer file {:?} must be a relative path without `..`",
+                f.path
+            )));
+        }
+        let path = upper.join(rel);
+        let written = match path.parent() {
+            Some(parent) => std::fs::create_dir_all(parent),
+            None => Ok(()),
+        }
+        .and_then(|()| std::fs::write(&path, &f.contents));
+        written.map_err(|source| CreateSandboxError::LayerFile { path, source })?;
+    }
+    Ok(())
+}
+
 /// Checks a spec before anything is built.
 pub fn validate_spec(spec: &SandboxSpec) -> Result<(), CreateSandboxError> {
     let bad = |m: String| Err(CreateSandboxError::InvalidSpec(m));
@@ -515,6 +560,43 @@ impl ContainerSubstrate {
 
     /// Kills everything in the container and removes its cgroup and directories. Idempotent.
     pub async fn destroy(&self, sb: &ContainerSandbox) -> Result<(), DestroySandboxError> {
+        self.destroy_in(sb, sb.dirs.base.clone()).await
+    }
+
+    /// [`ContainerSubstrate::destroy`] after moving the sandbox's directory to `to` first (its
+    /// mounts live only in its own mount namespace, which holds them by reference); the disk
+    /// limit's file system, which moved with it, is released there. The directory's contents
+    /// are left for the caller (removed or recycled in the background). Answers whether the
+    /// directory is at `to` now.
+    pub async fn destroy_moving_dir(
+        &self,
+        sb: &ContainerSandbox,
+        to: &Path,
+    ) -> (bool, Result<(), DestroySandboxError>) {
+        let moved = match move_dir(&sb.dirs.base, to) {
+            Ok(()) => true,
+            Err(e) => {
+                if sb.dirs.base.exists() {
+                    tracing::warn!(sandbox = %sb.id, to = %to.display(), error = %e, "move sandbox dir before destroy");
+                }
+                false
+            }
+        };
+        let base = if moved {
+            to.to_path_buf()
+        } else {
+            sb.dirs.base.clone()
+        };
+        (moved, self.destroy_in(sb, base).await)
+    }
+
+    /// Destroys with the sandbox's directory at `base` (where the disk limit's file system is
+    /// released).
+    async fn destroy_in(
+        &self,
+        sb: &ContainerSandbox,
+        base: PathBuf,
+    ) -> Result<(), DestroySandboxError> {
         let p = &sb.process;
         let t0 = std::time::Instant::now();
         if sb.is_frozen() {
@@ -544,8 +626,7 @@ impl ContainerSubstrate {
             .await
             .map_err(|e| io_err("remove cgroup and dirs", e.into()))?;
         // The disk limit's file system (if any) is unmounted once nothing runs on it.
-        let dir = sb.dirs.base.clone();
-        tokio::task::spawn_blocking(move || disk::release(&dir))
+        tokio::task::spawn_blocking(move || disk::release(&base))
             .await
             .map_err(|e| io_err("release disk limit", e.into()))?;
         let ms = |d: Duration| d.as_secs_f64() * 1e3;

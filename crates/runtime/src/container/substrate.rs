@@ -133,6 +133,13 @@ impl LiveSandbox for ContainerLive {
         Box::pin(self.substrate.destroy(&self.sandbox))
     }
 
+    fn destroy_moving_dir<'a>(
+        &'a self,
+        to: &'a std::path::Path,
+    ) -> BoxFut<'a, (bool, Result<(), DestroySandboxError>)> {
+        Box::pin(self.substrate.destroy_moving_dir(&self.sandbox, to))
+    }
+
     fn exited(&self) -> BoxFut<'_, ()> {
         Box::pin(async move {
             tokio::select! {
