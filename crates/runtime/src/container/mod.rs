@@ -1,6 +1,10 @@
 //! The container substrate: our own runtime on namespaces, cgroups and overlayfs.
 //!
-//! Creating a container (host side, this module):
+//! One file per lifecycle verb: [`create`], [`destroy`], [`pause`] (freeze and thaw, memory
+//! reclaim), [`adopt`] (re-attach after an edge restart), [`reap`] (cgroups an earlier edge
+//! left); [`substrate`] puts them behind the one substrate interface.
+//!
+//! Creating a container (host side, [`create`]):
 //! 1. create the sandbox's cgroups and apply limits ([`crate::cgroup`]);
 //! 2. make `upper/`, `work/`, `rootfs/` under the sandbox dir;
 //! 3. clone (vfork-style, sharing no page tables) a child into new mount, pid, ipc, uts
@@ -15,6 +19,8 @@
 //! with its last process; the host keeps nothing mounted for a container.
 
 pub mod adopt;
+pub mod create;
+pub mod destroy;
 pub mod disk;
 pub mod masks;
 pub mod mntns;
@@ -22,6 +28,7 @@ pub mod netpool;
 pub mod pause;
 pub mod pidfd;
 pub mod qos;
+pub mod reap;
 pub mod spawn;
 pub mod substrate;
 
@@ -39,6 +46,9 @@ use crate::aether_client::{AetherClient, ChannelError};
 use crate::cgroup::{Cgroup, CgroupRoot, Limits};
 use crate::substrate::{CreateSandboxError, DestroySandboxError, SandboxSpec, Usage};
 
+pub use create::validate_spec;
+pub use destroy::TeardownError;
+use destroy::{remove_dead_cgroup, teardown};
 pub use pidfd::AetherExit;
 pub use spawn::SchedClass;
 
@@ -76,106 +86,6 @@ pub struct ContainerSubstrate {
 }
 
 impl ContainerSubstrate {
-    /// [`Substrate::create`] with the scheduling class the container's processes start in
-    /// (set by the spawn child before aether execs, inherited by everything it forks).
-    pub async fn create_with(
-        &self,
-        spec: SandboxSpec,
-        sched: SchedClass,
-    ) -> Result<ContainerSandbox, CreateSandboxError> {
-        validate_spec(&spec)?;
-        let id = spec.id.clone();
-        let limits = Limits {
-            memory_bytes: spec.memory_limit_mb.saturating_mul(1 << 20),
-            cpu_cores: spec.cpu_cores_limit,
-            pids: spec.pids_limit,
-        };
-        let root = self.cgroup_root.clone();
-        let parent = self.config.cgroup_parent.clone();
-        let cg_id = id.clone();
-        let cgroup =
-            tokio::task::spawn_blocking(move || Cgroup::create(&root, &parent, &cg_id, &limits))
-                .await
-                .map_err(|e| CreateSandboxError::Cgroup {
-                    id: id.clone(),
-                    source: io::Error::other(e),
-                })?
-                .map_err(|e| CreateSandboxError::Cgroup {
-                    id: id.clone(),
-                    source: io::Error::other(e),
-                })?;
-        // The writable layer's size limit: a file system of its own, capped on its device.
-        let disk = spec.disk_limit_mb.filter(|mb| *mb > 0);
-        if let Some(mb) = disk {
-            let dir = spec.dir.clone();
-            let bps = self.disk_bps;
-            let cg = cgroup.clone();
-            let made = tokio::task::spawn_blocking(move || {
-                disk::prepare(&dir, mb, bps).map(|()| disk::throttle_v2(&cg, &dir, bps))
-            })
-            .await;
-            let err = match made {
-                Ok(Ok(())) => None,
-                Ok(Err(e)) => Some(CreateSandboxError::DiskLimit(e)),
-                Err(e) => Some(CreateSandboxError::Spawn(io::Error::other(e))),
-            };
-            if let Some(error) = err {
-                let dir = spec.dir.clone();
-                let cg = cgroup.clone();
-                // prepare removed what it built; the cgroup is empty.
-                let _ = tokio::task::spawn_blocking(move || {
-                    disk::release(&dir);
-                    remove_dead_cgroup(&cg)
-                })
-                .await;
-                return Err(error);
-            }
-        }
-        let dirs = SandboxDirs::new(&spec.dir);
-        match self.start(&spec, &cgroup, &dirs, sched).await {
-            Ok(Started { process, client }) => {
-                // The edge logs "sandbox created" (with the pid) at INFO.
-                tracing::debug!(sandbox = %id, pid = process.pid, "container started");
-                let mnt_ns = mntns::MountNsHold::open(process.pid, &id);
-                Ok(ContainerSandbox {
-                    id,
-                    process,
-                    client,
-                    cgroup,
-                    dirs,
-                    mnt_ns: std::sync::Mutex::new(mnt_ns),
-                })
-            }
-            Err((error, process)) => {
-                tracing::warn!(sandbox = %id, error = %error, "container create failed, rolling back");
-                let mut cleanup = Vec::new();
-                if let Some(p) = process {
-                    if let Err(e) = p.kill().await {
-                        cleanup.push(e.to_string());
-                    }
-                }
-                if let Err(e) = teardown(cgroup, dirs).await {
-                    cleanup.push(e.to_string());
-                }
-                if disk.is_some() {
-                    let dir = spec.dir.clone();
-                    if let Err(e) = tokio::task::spawn_blocking(move || disk::release(&dir)).await {
-                        cleanup.push(format!("release disk limit: {e}"));
-                    }
-                }
-                if cleanup.is_empty() {
-                    Err(error)
-                } else {
-                    Err(CreateSandboxError::WithCleanup {
-                        id,
-                        error: Box::new(error),
-                        cleanup: cleanup.join("; "),
-                    })
-                }
-            }
-        }
-    }
-
     /// A substrate using the host's cgroup hierarchy at `/sys/fs/cgroup` and the default masks.
     /// Turns the node's `favordynmods` setting on (once per process, see
     /// [`crate::cgroup::favor`]): cgroup moves of every create then skip an RCU grace period.
@@ -235,128 +145,6 @@ impl ContainerSubstrate {
     pub fn cgroup_of(&self, id: &str) -> Result<Cgroup, crate::cgroup::CgroupError> {
         Cgroup::open(&self.cgroup_root, &self.config.cgroup_parent, id)
     }
-
-    fn setup_for(
-        &self,
-        spec: &SandboxSpec,
-        dirs: &SandboxDirs,
-    ) -> Result<ContainerSetup, CreateSandboxError> {
-        let s = |p: &Path| {
-            p.to_str().map(str::to_string).ok_or_else(|| {
-                CreateSandboxError::InvalidSpec(format!("path is not UTF-8: {}", p.display()))
-            })
-        };
-        Ok(ContainerSetup {
-            sandbox_id: spec.id.clone(),
-            hostname: spec.hostname.clone(),
-            lowers: spec.lowers.iter().map(|p| s(p)).collect::<Result<_, _>>()?,
-            upper: s(&dirs.upper)?,
-            work: s(&dirs.work)?,
-            rootfs: s(&dirs.rootfs)?,
-            masked_paths: self.masked_paths.clone(),
-            readonly_paths: self.readonly_paths.clone(),
-            user: spec.user.clone(),
-            env: spec.env.clone(),
-            shm_mb: self.config.shm_mb,
-            reattach_grace_ms: self.reattach_grace_ms,
-            protected_paths: spec.protected_paths.clone(),
-        })
-    }
-
-    /// Everything after the cgroup exists. On error, returns what must be rolled back.
-    async fn start(
-        &self,
-        spec: &SandboxSpec,
-        cgroup: &Cgroup,
-        dirs: &SandboxDirs,
-        sched: SchedClass,
-    ) -> Result<Started, (CreateSandboxError, Option<Process>)> {
-        let setup = self.setup_for(spec, dirs).map_err(|e| (e, None))?;
-        dirs.create()
-            .map_err(|e| (CreateSandboxError::Spawn(e), None))?;
-        let (ours, theirs) = std::os::unix::net::UnixStream::pair()
-            .map_err(|e| (CreateSandboxError::Spawn(e), None))?;
-        let listener = if self.reattach_grace_ms > 0 {
-            Some(
-                adopt::bind_listener(&spec.dir)
-                    .map_err(|e| (CreateSandboxError::Spawn(e), None))?,
-            )
-        } else {
-            None
-        };
-        let aether = self.config.aether_path.clone();
-        let procs = cgroup.procs_files();
-        let user_procs = cgroup.user_procs_file();
-        // A prepared namespace (networking) or a fresh empty one from the pool, else the clone
-        // makes one.
-        let netns = spec.netns.clone().or_else(|| {
-            self.netns_pool
-                .as_ref()
-                .and_then(|p| p.take())
-                .map(Arc::new)
-        });
-        let spawned = tokio::task::spawn_blocking(move || {
-            let r = spawn::spawn_aether(
-                &aether,
-                &procs,
-                theirs.as_fd(),
-                listener.as_ref().map(|l| l.as_fd()),
-                user_procs.as_deref(),
-                netns.as_deref().map(|n| n.as_fd()),
-                sched,
-            );
-            drop(theirs);
-            drop(listener);
-            r
-        })
-        .await
-        .map_err(|e| (CreateSandboxError::Spawn(io::Error::other(e)), None))?
-        .map_err(|e| (CreateSandboxError::Spawn(e), None))?;
-        let pidfd = Arc::new(spawned.pidfd);
-        // The watcher reaps aether; without it we must reap by hand.
-        let exit = match pidfd::watch_exit(&pidfd) {
-            Ok(rx) => rx,
-            Err(e) => {
-                let _ = pidfd::send_signal(pidfd.as_fd(), libc::SIGKILL);
-                let _ = pidfd::wait_blocking(pidfd.as_fd());
-                return Err((CreateSandboxError::Spawn(e), None));
-            }
-        };
-        let process = Process {
-            pid: spawned.pid,
-            pidfd,
-            exit,
-        };
-        let stream = ours
-            .set_nonblocking(true)
-            .and_then(|()| tokio::net::UnixStream::from_std(ours))
-            .map_err(|e| (CreateSandboxError::Spawn(e), Some(process.clone())))?;
-        let client = AetherClient::new(stream);
-        let answer = tokio::time::timeout(
-            SETUP_TIMEOUT,
-            client.request(Request::Setup(setup), Bytes::new()),
-        )
-        .await;
-        let err = match answer {
-            Ok(Ok((Reply::Ready { .. }, _))) => return Ok(Started { process, client }),
-            Ok(Ok((other, _))) => format!("unexpected answer to Setup: {other:?}"),
-            Ok(Err(ChannelError::Aether(e))) if e.kind == AetherErrorKind::BadRequest => {
-                return Err((CreateSandboxError::InvalidSpec(e.message), Some(process)));
-            }
-            Ok(Err(ChannelError::Aether(e))) => e.message,
-            Ok(Err(e)) => match process.exit_status() {
-                Some(exit) => format!("{e} (aether ended: {exit:?})"),
-                None => e.to_string(),
-            },
-            Err(_) => format!("no answer to Setup within {} s", SETUP_TIMEOUT.as_secs()),
-        };
-        Err((CreateSandboxError::Setup(err), Some(process)))
-    }
-}
-
-struct Started {
-    process: Process,
-    client: AetherClient,
 }
 
 /// The sandbox's init process as the host sees it.
@@ -443,215 +231,6 @@ impl SandboxDirs {
     }
 }
 
-/// Checks a spec before anything is built.
-pub fn validate_spec(spec: &SandboxSpec) -> Result<(), CreateSandboxError> {
-    let bad = |m: String| Err(CreateSandboxError::InvalidSpec(m));
-    if !dsec_wire::id::is_valid_sandbox_id(&spec.id) {
-        return bad(format!("malformed sandbox id {:?}", spec.id));
-    }
-    let h = &spec.hostname;
-    if h.is_empty()
-        || h.len() > 64
-        || !h
-            .bytes()
-            .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'.')
-    {
-        return bad(format!(
-            "hostname {h:?} must be 1-64 characters of letters, digits, '-' and '.'"
-        ));
-    }
-    if spec.lowers.is_empty() {
-        return bad("at least one lower layer is required".into());
-    }
-    for l in &spec.lowers {
-        let s = l.to_string_lossy();
-        if !l.is_absolute() || s.contains([':', ',', '\\']) || s.contains('\0') {
-            return bad(format!(
-                "lower layer path {s:?} must be absolute and free of ':' ',' '\\'"
-            ));
-        }
-        if !l.is_dir() {
-            return bad(format!("lower layer {s:?} is not a directory"));
-        }
-    }
-    if !spec.dir.is_absolute() {
-        return bad(format!(
-            "sandbox dir {} must be absolute",
-            spec.dir.display()
-        ));
-    }
-    let ds = spec.dir.to_string_lossy();
-    if ds.contains([':', ',', '\\']) {
-        return bad(format!("sandbox dir {ds:?} must not contain ':' ',' '\\'"));
-    }
-    if !(spec.cpu_cores_limit.is_finite() && spec.cpu_cores_limit >= 0.0) {
-        return bad(format!(
-            "cpu_cores_limit {} must be a non-negative number",
-            spec.cpu_cores_limit
-        ));
-    }
-    if spec.memory_limit_mb > (1 << 40) {
-        return bad(format!(
-            "memory_limit_mb {} is too large",
-            spec.memory_limit_mb
-        ));
-    }
-    if spec.user.contains('\0') {
-        return bad("user contains a NUL byte".into());
-    }
-    for (k, v) in &spec.env {
-        if k.is_empty() || k.contains(['=', '\0']) || v.contains('\0') {
-            return bad(format!("bad environment variable name or value: {k:?}"));
-        }
-    }
-    Ok(())
-}
-
-impl ContainerSubstrate {
-    /// Builds and starts a container; on error everything built so far is removed.
-    pub async fn create(&self, spec: SandboxSpec) -> Result<ContainerSandbox, CreateSandboxError> {
-        self.create_with(spec, SchedClass::Inherit).await
-    }
-
-    /// Kills everything in the container and removes its cgroup and directories. Idempotent.
-    pub async fn destroy(&self, sb: &ContainerSandbox) -> Result<(), DestroySandboxError> {
-        let p = &sb.process;
-        let t0 = std::time::Instant::now();
-        if sb.is_frozen() {
-            // A frozen (paused) task does not die of SIGKILL under the v1 freezer.
-            let _ = sb.resume().await;
-        }
-        // No polite `Shutdown` round trip: SIGKILL of aether, the pid namespace's init, makes
-        // the kernel kill every process of the sandbox, and aether keeps nothing to flush.
-        let io_err =
-            |what: &str, e: Box<dyn std::error::Error + Send + Sync>| DestroySandboxError::Io {
-                id: sb.id.clone(),
-                what: what.to_string(),
-                source: io::Error::other(e),
-            };
-        let exited = t0.elapsed();
-        p.kill()
-            .await
-            .map_err(|e| io_err("kill aether", e.into()))?;
-        let killed = t0.elapsed();
-        // Every process of the sandbox is dead (aether, its pid namespace's init, is reaped
-        // after all of them): its mounts go away on a blocking thread (see `mntns`).
-        let held = sb.mnt_ns.lock().unwrap_or_else(|p| p.into_inner()).take();
-        if let Some(h) = held {
-            h.release_in_background();
-        }
-        teardown(sb.cgroup.clone(), sb.dirs.clone())
-            .await
-            .map_err(|e| io_err("remove cgroup and dirs", e.into()))?;
-        // The disk limit's file system (if any) is unmounted once nothing runs on it.
-        let dir = sb.dirs.base.clone();
-        tokio::task::spawn_blocking(move || disk::release(&dir))
-            .await
-            .map_err(|e| io_err("release disk limit", e.into()))?;
-        let ms = |d: Duration| d.as_secs_f64() * 1e3;
-        // The edge logs "sandbox ended" (with the whole destroy's time) at INFO.
-        tracing::debug!(
-            sandbox = %sb.id,
-            exit_ms = ms(exited),
-            kill_ms = ms(killed - exited),
-            teardown_ms = ms(t0.elapsed() - killed),
-            "container destroyed"
-        );
-        Ok(())
-    }
-
-    /// Removes the cgroups of sandboxes an earlier run of the edge left (after a crash) that
-    /// are not in `known_live`; returns the ids cleaned.
-    pub async fn reap_orphans(&self, known_live: &[String]) -> Vec<String> {
-        let root = self.cgroup_root.clone();
-        let parent = self.config.cgroup_parent.clone();
-        let live: Vec<String> = known_live.to_vec();
-        let reaped = tokio::task::spawn_blocking(move || {
-            let names = match Cgroup::list(&root, &parent) {
-                Ok(n) => n,
-                Err(e) => {
-                    tracing::warn!(error = %e, "list sandbox cgroups");
-                    return Vec::new();
-                }
-            };
-            let mut reaped = Vec::new();
-            for name in names {
-                if live.contains(&name) || !dsec_wire::id::is_valid_sandbox_id(&name) {
-                    continue;
-                }
-                match Cgroup::open(&root, &parent, &name).and_then(|cg| cg.destroy()) {
-                    Ok(()) => reaped.push(name),
-                    Err(e) => {
-                        tracing::warn!(sandbox = %name, error = %e, "reap orphaned sandbox cgroup")
-                    }
-                }
-            }
-            reaped
-        })
-        .await;
-        reaped.unwrap_or_default()
-    }
-}
-
-/// Removes the cgroup of a container whose aether was reaped. Its processes are all gone
-/// (aether is the init of their pid namespace), so an empty cgroup is removed with plain
-/// rmdirs; [`Cgroup::destroy`] freezes and thaws before it kills, and on v1 each freeze of a
-/// cgroup turns the kernel's `freezer_active` static key on and each thaw off again: code
-/// patching with IPIs to every CPU, twice per stop (`perf`: `arch_jump_label_transform_apply`
-/// under `freezer_write`, ≈ 0.12 ms of CPU per sandbox at 100 stops/s). Anything left (a
-/// process, or a directory still busy) goes through the full destroy.
-fn remove_dead_cgroup(cgroup: &Cgroup) -> Result<(), crate::cgroup::CgroupError> {
-    if !cgroup.procs().is_ok_and(|p| p.is_empty()) {
-        return cgroup.destroy();
-    }
-    let dirs = match cgroup {
-        Cgroup::V1(c) => c.removal_order(),
-        Cgroup::V2(c) => c.removal_order(),
-    };
-    for d in &dirs {
-        match std::fs::remove_dir(d) {
-            Ok(()) => {}
-            Err(e) if e.kind() == io::ErrorKind::NotFound => {}
-            Err(_) => return cgroup.destroy(),
-        }
-    }
-    Ok(())
-}
-
-/// Ending a container's processes or removing what it left (cgroup, directories) failed.
-#[derive(Debug, thiserror::Error)]
-pub enum TeardownError {
-    #[error("kill aether (pid {pid}): {source}")]
-    Kill { pid: i32, source: io::Error },
-    #[error("aether (pid {0}) did not exit after SIGKILL")]
-    KillTimeout(i32),
-    #[error("destroy cgroup: {0}")]
-    Cgroup(crate::cgroup::CgroupError),
-    #[error("remove {}: {source}", path.display())]
-    RemoveDir { path: PathBuf, source: io::Error },
-    #[error("teardown task: {0}")]
-    Task(#[from] tokio::task::JoinError),
-    /// Both the cgroup and the directories failed.
-    #[error("{0}; {1}")]
-    Both(Box<TeardownError>, Box<TeardownError>),
-}
-
-/// Destroys the cgroup (killing stragglers) and removes the sandbox's dirs.
-async fn teardown(cgroup: Cgroup, dirs: SandboxDirs) -> Result<(), TeardownError> {
-    tokio::task::spawn_blocking(move || {
-        let cg = remove_dead_cgroup(&cgroup).map_err(TeardownError::Cgroup);
-        let d = dirs
-            .remove()
-            .map_err(|(path, source)| TeardownError::RemoveDir { path, source });
-        match (cg, d) {
-            (Ok(()), Ok(())) => Ok(()),
-            (Err(e), Ok(())) | (Ok(()), Err(e)) => Err(e),
-            (Err(a), Err(b)) => Err(TeardownError::Both(Box::new(a), Box::new(b))),
-        }
-    })
-    .await?
-}
-
 /// A running container.
 pub struct ContainerSandbox {
     id: String,
@@ -713,82 +292,5 @@ impl ContainerSandbox {
             pids: self.cgroup.pids_current().unwrap_or(0),
             oom_kills: self.cgroup.oom_kills().unwrap_or(0),
         }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use std::collections::BTreeMap;
-
-    fn spec(dir: &Path) -> SandboxSpec {
-        SandboxSpec {
-            id: "sb-t0-0123456789abcdef".into(),
-            hostname: "box-1".into(),
-            lowers: vec![PathBuf::from("/")],
-            dir: dir.to_path_buf(),
-            memory_limit_mb: 256,
-            cpu_cores_limit: 1.0,
-            pids_limit: 100,
-            user: "root".into(),
-            env: BTreeMap::new(),
-            ..Default::default()
-        }
-    }
-
-    #[test]
-    fn validates_specs() {
-        let d = tempfile::tempdir().unwrap();
-        assert!(validate_spec(&spec(d.path())).is_ok());
-        type Mutation = Box<dyn Fn(&mut SandboxSpec)>;
-        let cases: Vec<Mutation> = vec![
-            Box::new(|s| s.id = "../etc".into()),
-            Box::new(|s| s.hostname = "a b".into()),
-            Box::new(|s| s.hostname = String::new()),
-            Box::new(|s| s.lowers.clear()),
-            Box::new(|s| s.lowers = vec![PathBuf::from("/a:b")]),
-            Box::new(|s| s.lowers = vec![PathBuf::from("relative")]),
-            Box::new(|s| s.lowers = vec![PathBuf::from("/definitely/missing/layer")]),
-            Box::new(|s| s.dir = PathBuf::from("rel")),
-            Box::new(|s| s.cpu_cores_limit = f64::NAN),
-            Box::new(|s| s.cpu_cores_limit = -1.0),
-            Box::new(|s| {
-                s.env.insert("A=B".into(), "x".into());
-            }),
-        ];
-        for (i, f) in cases.iter().enumerate() {
-            let mut s = spec(d.path());
-            f(&mut s);
-            assert!(
-                matches!(validate_spec(&s), Err(CreateSandboxError::InvalidSpec(_))),
-                "case {i}"
-            );
-        }
-    }
-
-    #[test]
-    fn setup_message_from_spec() {
-        let d = tempfile::tempdir().unwrap();
-        let sub = ContainerSubstrate::with_cgroup_root(
-            ContainerConfig {
-                aether_path: "/x/aether".into(),
-                cgroup_parent: "dsec/t".into(),
-                shm_mb: 64,
-            },
-            CgroupRoot {
-                version: crate::cgroup::CgroupVersion::V2,
-                path: d.path().into(),
-            },
-        );
-        let mut sp = spec(d.path());
-        sp.env.insert("FOO".into(), "bar".into());
-        let setup = sub.setup_for(&sp, &SandboxDirs::new(d.path())).unwrap();
-        assert_eq!(setup.lowers, vec!["/".to_string()]);
-        assert_eq!(PathBuf::from(&setup.upper), d.path().join("upper"));
-        assert_eq!(PathBuf::from(&setup.rootfs), d.path().join("rootfs"));
-        assert_eq!(setup.shm_mb, 64);
-        assert_eq!(setup.env.get("FOO").map(String::as_str), Some("bar"));
-        assert!(setup.masked_paths.iter().any(|p| p == "/proc/kpagecgroup"));
-        assert!(setup.readonly_paths.iter().any(|p| p == "/proc/sys"));
     }
 }
