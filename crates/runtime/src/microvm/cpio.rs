@@ -62,10 +62,7 @@ pub fn archive(entries: &[Entry<'_>]) -> Vec<u8> {
     out
 }
 
-/// Quotes a value for a POSIX shell (`'...'`, with embedded quotes escaped).
-pub fn shell_quote(v: &str) -> String {
-    format!("'{}'", v.replace('\'', "'\\''"))
-}
+pub use crate::qemu::args::shell_quote;
 
 #[cfg(test)]
 mod tests {

@@ -58,6 +58,16 @@ pub(super) fn console_tail(vm_dir: &Path) -> String {
 }
 
 impl MicroVmSubstrate {
+    /// Boots a microVM (cold or from a template); on error everything built so far is removed.
+    pub async fn create(&self, spec: SandboxSpec) -> Result<MicroVmSandbox, CreateSandboxError> {
+        let vm_dir = spec.dir.join("vm");
+        match self.start(&spec, &vm_dir).await {
+            Ok(s) => Ok(s),
+            // QEMU is gone (killed on the error paths or on drop); remove its files.
+            Err(e) => Err(vm::cleanup_failed_create(&spec.id, &vm_dir, e).await),
+        }
+    }
+
     pub(super) async fn start(
         &self,
         spec: &SandboxSpec,

@@ -12,16 +12,23 @@
 //! 3. listens on a unix socket and starts QEMU, whose virtio-serial port `dsec.aether`
 //!    connects to it: that stream is the aether channel, and aether (the guest's PID 1 after
 //!    `switch_root`, in bare mode) greets with `Ready`;
-//! 4. pause snapshots the guest to disk and ends QEMU; resume restores it ([`vm`]);
+//! 4. pause snapshots the guest to disk and ends QEMU; resume restores it ([`pause`]);
 //! 5. destroy kills QEMU and removes the VM's directory (`<sandbox dir>/vm`).
 //!
 //! With templates on ([`template`]), a create whose shape has a template restores the
 //! template's snapshot instead of steps 2–3 (and gives the guest its own identity); the first
 //! create of a shape boots cold and has a template built in the background.
+//!
+//! One file per lifecycle verb: [`create`] (cold boot or restore from a template),
+//! [`destroy`], [`pause`] (pause and resume, vCPU freeze), [`adopt`] (a paused VM after an edge
+//! restart), [`upper`] (the writable layer on the host for `pack`); [`qemu`] is the command
+//! line, [`template`] the templates, [`substrate`] the one substrate interface. QEMU itself
+//! (process, snapshot, QMP, relay, NIC) is [`crate::qemu`], shared with the full VM.
 
 pub mod adopt;
 pub mod cpio;
 pub mod create;
+pub mod destroy;
 pub mod error;
 pub mod pause;
 pub mod pmem;
@@ -534,23 +541,6 @@ impl MicroVmSubstrate {
             spec.env,
         );
         Some((template::key_of(&shape), shape))
-    }
-}
-
-impl MicroVmSubstrate {
-    /// Boots a microVM (cold or from a template); on error everything built so far is removed.
-    pub async fn create(&self, spec: SandboxSpec) -> Result<MicroVmSandbox, CreateSandboxError> {
-        let vm_dir = spec.dir.join("vm");
-        match self.start(&spec, &vm_dir).await {
-            Ok(s) => Ok(s),
-            // QEMU is gone (killed on the error paths or on drop); remove its files.
-            Err(e) => Err(vm::cleanup_failed_create(&spec.id, &vm_dir, e).await),
-        }
-    }
-
-    /// Kills the VM and removes its directory. Idempotent.
-    pub async fn destroy(&self, sandbox: &MicroVmSandbox) -> Result<(), DestroySandboxError> {
-        vm::destroy_vm(&sandbox.id, &sandbox.vm, &sandbox.vm_dir).await
     }
 }
 

@@ -96,6 +96,11 @@ pub(crate) fn control_args(
     ]
 }
 
+/// Quotes a value for a POSIX shell (`'...'`, with embedded quotes escaped).
+pub fn shell_quote(v: &str) -> String {
+    format!("'{}'", v.replace('\'', "'\\''"))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

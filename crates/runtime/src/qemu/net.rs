@@ -31,7 +31,7 @@ use std::os::unix::fs::MetadataExt as _;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 
-use crate::microvm::Machine;
+use super::machine::Machine;
 use crate::substrate::CreateSandboxError;
 
 /// File in the VM directory holding the path of the network namespace QEMU runs in.
@@ -210,11 +210,8 @@ fn switch_script(mtu: u32) -> String {
 }
 
 /// The virtio-net device of the machine type.
-fn device(machine: Machine) -> &'static str {
-    match machine {
-        Machine::Microvm => "virtio-net-device",
-        Machine::Pc => "virtio-net-pci",
-    }
+fn device(machine: Machine) -> String {
+    machine.dev("virtio-net")
 }
 
 /// The QEMU arguments of the NIC: the tap (opened by name inside the namespace; vhost off,
@@ -257,7 +254,7 @@ pub fn add_to_microvm(args: &mut Vec<String>, net: &VmNet, machine: Machine) {
             append.push_str(&kernel_arg(net));
         }
     }
-    args.extend(qemu_args(net, device(machine)));
+    args.extend(qemu_args(net, &device(machine)));
 }
 
 /// For a sandbox with networking (`netns` from the spec): [`prepare`]s its namespace and

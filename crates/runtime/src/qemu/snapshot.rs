@@ -123,7 +123,7 @@ impl Vm {
         };
         let uri = format!(
             "exec:cat > {}",
-            crate::microvm::cpio::shell_quote(&tmp.display().to_string())
+            super::args::shell_quote(&tmp.display().to_string())
         );
         let shared = self.launch.shared_memory();
         let migrated = async {
@@ -256,7 +256,7 @@ async fn restore_process(
     } = start_qemu(launch, vm_dir, &["-S", "-incoming", "defer"]).await?;
     let uri = format!(
         "exec:cat {}",
-        crate::microvm::cpio::shell_quote(&snap.display().to_string())
+        super::args::shell_quote(&snap.display().to_string())
     );
     let restore = async {
         let mut q = Qmp::connect_retry(&vm_dir.join("qmp.sock"), Duration::from_secs(10)).await?;
