@@ -25,6 +25,9 @@ use crate::routes::AppState;
 
 /// Label carrying the project a sandbox is charged to.
 pub const LABEL_PROJECT: &str = "dsec.project";
+/// Label carrying the principal that created a sandbox (revoking its key with
+/// `stop_sandboxes` stops it).
+pub const LABEL_PRINCIPAL: &str = "dsec.principal";
 /// Label carrying the quota reservation of a sandbox (reconciliation).
 pub const LABEL_RESERVATION: &str = "dsec.reservation";
 
@@ -99,6 +102,8 @@ pub async fn create(
         }
     }
     req.labels.insert(LABEL_PROJECT.into(), project);
+    req.labels
+        .insert(LABEL_PRINCIPAL.into(), principal.id.clone());
     req.labels.insert(LABEL_RESERVATION.into(), res_id.clone());
     let body = match serde_json::to_vec(&req) {
         Ok(b) => Bytes::from(b),

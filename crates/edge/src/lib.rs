@@ -34,6 +34,7 @@
 
 pub mod commands;
 pub mod config;
+pub mod end_reason;
 pub mod error;
 pub mod files;
 pub mod http;

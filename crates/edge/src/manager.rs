@@ -20,7 +20,7 @@ use dsec_runtime::aether_client::AetherClient;
 use dsec_runtime::substrate::{CreateOptions, ImageSource, LiveSandbox, SandboxSpec};
 use dsec_wire::aether::Request;
 use dsec_wire::api::{
-    CreateSandboxRequest, ErrorDetail, ExecRequest, FileInfo, FileList, ImageInfo, ImageList,
+    CreateSandboxRequest, EndReason, ErrorDetail, ExecRequest, FileInfo, FileList, ImageInfo, ImageList,
     JobOpFailure, JobOpResult, LabelSelector, NodeStatus, RunShellRequest, SandboxInfo,
     SandboxList, SandboxState, Substrate,
 };
@@ -300,7 +300,7 @@ impl std::ops::Deref for Busy {
 /// How a sandbox ended.
 #[derive(Debug, Clone)]
 enum End {
-    Stopped(String),
+    Stopped(EndReason, String),
     Died,
 }
 
@@ -547,9 +547,12 @@ impl Manager {
                 },
             };
             info.state = SandboxState::Failed;
-            info.reason = Some(format!(
-                "lost in a restart of the edge and cleaned up: {why}"
-            ));
+            crate::end_reason::set(
+                &mut info,
+                EndReason::EdgeRestartNotAdopted,
+                format!("lost in a restart of the edge and cleaned up: {why}"),
+            );
+            crate::trajectory::hooks::end(&self.traj, &info);
             self.tombstone(&mut lock(&self.state), info);
             self.metrics.sandboxes_failed.inc();
             reaped.push(f.id);
@@ -698,7 +701,10 @@ impl Manager {
                 if self.shutting_down.load(Ordering::SeqCst) {
                     // Shutdown began while this create ran: do not leave it behind.
                     let ended = self
-                        .finish(&entry, End::Stopped("the edge shut down".into()))
+                        .finish(
+                            &entry,
+                            End::Stopped(EndReason::Preempted, "the edge shut down".into()),
+                        )
                         .await;
                     return Err(EdgeError::Unavailable(format!(
                         "node {} shut down while sandbox {} was being created; it was {:?}",
@@ -1072,33 +1078,23 @@ impl Manager {
         );
         let mut info = entry.info();
         match &why {
-            End::Stopped(reason) => {
+            End::Stopped(end, reason) => {
                 info.state = SandboxState::Stopped;
-                info.reason = Some(reason.clone());
+                crate::end_reason::set(&mut info, *end, reason.clone());
                 info.paused_at = None;
                 self.metrics.sandboxes_stopped.inc();
             }
             End::Died => {
                 info.state = SandboxState::Failed;
-                let mut reason =
-                    "the sandbox's agent exited unexpectedly (killed from outside or crashed)"
-                        .to_string();
-                if oom_kills > 0 {
-                    reason.push_str(&format!(
-                        "; the memory limit OOM-killed processes {oom_kills} time(s)"
-                    ));
-                }
-                info.reason = Some(reason);
+                let (end, detail) = crate::end_reason::died(oom_kills);
+                crate::end_reason::set(&mut info, end, detail);
                 self.metrics.sandboxes_failed.inc();
             }
         }
         if !problems.is_empty() {
             let p = problems.join("; ");
             tracing::error!(sandbox = %entry.id, problems = %p, "cleanup of sandbox incomplete");
-            info.reason = Some(format!(
-                "{}; cleanup problems: {p}",
-                info.reason.unwrap_or_default()
-            ));
+            crate::end_reason::add_problems(&mut info, &p);
         }
         *lock(&entry.info) = info.clone();
         {
@@ -1131,11 +1127,12 @@ impl Manager {
         }
         match st.tombstones.get(id) {
             Some(t) => Err(EdgeError::SandboxDead(format!(
-                "sandbox {id} is {}: {}",
+                "sandbox {id} is {}{}: {}",
                 serde_json::to_value(t.state)
                     .ok()
                     .and_then(|v| v.as_str().map(str::to_string))
                     .unwrap_or_default(),
+                t.end_reason.map(|r| format!(" ({r})")).unwrap_or_default(),
                 t.reason.as_deref().unwrap_or("ended")
             ))),
             None => Err(EdgeError::SandboxNotFound(id.to_string())),
@@ -1295,8 +1292,14 @@ impl Manager {
                         self.resume_entry(&e).await
                     }
                     JobOp::Stop => {
-                        self.finish(&e, End::Stopped("stopped by a job operation".into()))
-                            .await;
+                        self.finish(
+                            &e,
+                            End::Stopped(
+                                EndReason::StoppedByUser,
+                                "stopped by a job operation".into(),
+                            ),
+                        )
+                        .await;
                         Ok(())
                     }
                 };
@@ -1405,9 +1408,9 @@ impl Manager {
     }
 
     /// Stops a sandbox for a reason (TTL reaper).
-    pub(crate) async fn stop_because(&self, id: &str, reason: String) {
+    pub(crate) async fn stop_because(&self, id: &str, end: EndReason, reason: String) {
         if let Ok(e) = self.entry(id) {
-            self.finish(&e, End::Stopped(reason)).await;
+            self.finish(&e, End::Stopped(end, reason)).await;
         }
     }
 
@@ -1439,9 +1442,28 @@ impl Manager {
         }
     }
 
-    pub fn list(&self) -> SandboxList {
-        let entries: Vec<Arc<Entry>> = lock(&self.state).live.values().cloned().collect();
+    /// The live sandboxes (and with `q.ended`/`q.end_reason` the remembered ended ones).
+    pub fn list(&self, q: &dsec_wire::api::ListSandboxesQuery) -> SandboxList {
+        let (entries, ended): (Vec<Arc<Entry>>, Vec<SandboxInfo>) = {
+            let st = lock(&self.state);
+            let ended = if crate::end_reason::wants_ended(q) {
+                st.tombstones
+                    .values()
+                    .filter(|t| crate::end_reason::matches(q, t))
+                    .cloned()
+                    .collect()
+            } else {
+                Vec::new()
+            };
+            let live = if q.end_reason.is_some() {
+                Vec::new()
+            } else {
+                st.live.values().cloned().collect()
+            };
+            (live, ended)
+        };
         let mut sandboxes: Vec<SandboxInfo> = entries.iter().map(|e| e.info()).collect();
+        sandboxes.extend(ended);
         sandboxes.sort_by(|a, b| a.created_at.cmp(&b.created_at).then(a.id.cmp(&b.id)));
         SandboxList { sandboxes }
     }
@@ -1485,11 +1507,13 @@ impl Manager {
         Ok(st)
     }
 
-    pub async fn stop(&self, id: &str) -> Result<SandboxInfo, EdgeError> {
+    /// Stops a sandbox; `end` is the reason the apiserver names (default `stopped_by_user`).
+    pub async fn stop(&self, id: &str, end: Option<EndReason>) -> Result<SandboxInfo, EdgeError> {
         match self.entry(id) {
-            Ok(e) => Ok(self
-                .finish(&e, End::Stopped("stopped on request".into()))
-                .await),
+            Ok(e) => {
+                let (end, detail) = crate::end_reason::requested(end);
+                Ok(self.finish(&e, End::Stopped(end, detail)).await)
+            }
             Err(EdgeError::SandboxDead(_)) => self.get(id),
             Err(e) => Err(e),
         }
@@ -1894,7 +1918,12 @@ impl Manager {
         tracing::info!(count = entries.len(), "stopping every sandbox");
         let stops = entries
             .iter()
-            .map(|e| self.finish(e, End::Stopped("the edge shut down".into())));
+            .map(|e| {
+                self.finish(
+                    e,
+                    End::Stopped(EndReason::Preempted, "the edge shut down".into()),
+                )
+            });
         futures::future::join_all(stops).await;
         // Logs closed by those stops are synced by the group commit; do it now, as the
         // background task ends with the process.
@@ -1959,9 +1988,10 @@ impl crate::ttl::Reapable for Manager {
     fn stop_because<'a>(
         &'a self,
         id: &'a str,
+        end: EndReason,
         reason: String,
     ) -> dsec_runtime::substrate::BoxFut<'a, ()> {
-        Box::pin(Manager::stop_because(self, id, reason))
+        Box::pin(Manager::stop_because(self, id, end, reason))
     }
 
     fn pause_idle<'a>(
@@ -2214,7 +2244,7 @@ mod tests {
             m.get("sb-n0-0000000000000001").unwrap_err().code(),
             "sandbox_not_found"
         );
-        assert!(m.list().sandboxes.is_empty());
+        assert!(m.list(&Default::default()).sandboxes.is_empty());
     }
 
     #[test]

@@ -86,6 +86,7 @@ pub const EDGE_PASS_THROUGH: &[(&str, &str)] = &[
         paths::metrics,
     ),
     components(schemas(
+        dsec_wire::api::EndReason,
         dsec_wire::api::ErrorCode,
         dsec_wire::api::TtyControl,
         dsec_wire::api::NodeStatus,

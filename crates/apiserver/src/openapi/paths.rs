@@ -258,8 +258,19 @@ struct QueueFull {
     ))]
 pub fn create_sandbox() {}
 
+#[derive(IntoParams)]
+#[into_params(parameter_in = Query)]
+struct ListQuery {
+    /// Also list ended sandboxes the nodes still remember (with `end_reason`/`end_detail`).
+    ended: Option<bool>,
+    /// Only ended sandboxes that ended for this reason (implies `ended`).
+    end_reason: Option<dsec_wire::api::EndReason>,
+}
+
 /// List sandboxes of every edge (header `x-dsec-partial` names edges that did not answer).
+/// Live ones by default; ended ones too with `ended=true`, filtered by `end_reason`.
 #[utoipa::path(get, path = "/v1/sandboxes", tag = "sandboxes", operation_id = "listSandboxes",
+    params(ListQuery),
     responses(
         (status = 200, description = "OK", body = SandboxList,
             headers(("x-dsec-partial" = String, description = "Edges that did not answer"))),
@@ -592,9 +603,17 @@ pub fn set_project_quota() {}
     ))]
 pub fn create_key() {}
 
+#[derive(IntoParams)]
+#[into_params(parameter_in = Query)]
+struct RevokeQuery {
+    /// Also stop every sandbox the key's principal created (end reason `quota_revoked`);
+    /// the answer's `stopped_sandboxes` lists them.
+    stop_sandboxes: Option<bool>,
+}
+
 /// Revoke a key by `key_id` (hash prefix) or the key itself; admin only.
 #[utoipa::path(delete, path = "/v1/keys/{id}", tag = "iam", operation_id = "revokeKey",
-    params(KeyPath),
+    params(KeyPath, RevokeQuery),
     responses(
         (status = 200, description = "Revoked", body = RevokedKey),
         (status = "default", description = ERRORS, body = ErrorBody),
