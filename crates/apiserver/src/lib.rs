@@ -21,6 +21,7 @@ pub mod config;
 pub mod create;
 pub mod db;
 pub mod error;
+pub mod fork;
 pub mod forward;
 pub mod iam;
 pub mod jobs;

@@ -120,6 +120,7 @@ pub fn v1_routes() -> Routes {
         .on(Get, "/v1/sandboxes/{id}/files/stat", sandbox_simple)
         .on(Post, "/v1/sandboxes/{id}/files/mkdir", sandbox_simple)
         .on(Get, "/v1/sandboxes/{id}/tty", tty)
+        .on(Post, "/v1/sandboxes/{id}/fork", crate::fork::fork)
         // Routes added to the edge later (pause, network rules, trajectory, ...) pass through;
         // the document lists them (`openapi::EDGE_PASS_THROUGH`).
         .on(Any, "/v1/sandboxes/{id}/{*rest}", sandbox_stream_rest)

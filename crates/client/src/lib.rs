@@ -378,6 +378,28 @@ impl Client {
         json(self.send(self.request(Method::GET, u)).await?).await
     }
 
+    /// Snapshots a container's files into an image (the answer's `id`, which a create names
+    /// as its image); the sandbox goes on.
+    pub async fn snapshot(
+        &self,
+        id: &str,
+        req: &dsec_wire::api::SnapshotRequest,
+    ) -> Result<dsec_wire::api::SnapshotInfo> {
+        let (b, u) = self.request(Method::POST, self.sandbox_url(id, &["snapshot"])?);
+        json(self.send((b.json(req), u)).await?).await
+    }
+
+    /// Forks a sandbox into `req.n` new ones from one snapshot. A partial failure is an `Ok`
+    /// whose `failed` is not empty (those in `children` exist).
+    pub async fn fork(
+        &self,
+        id: &str,
+        req: &dsec_wire::api::ForkRequest,
+    ) -> Result<dsec_wire::api::ForkResult> {
+        let (b, u) = self.request(Method::POST, self.sandbox_url(id, &["fork"])?);
+        json(self.send((b.json(req), u)).await?).await
+    }
+
     /// Pauses a sandbox (freeze + memory reclaim); any later request resumes it.
     pub async fn pause(&self, id: &str) -> Result<SandboxInfo> {
         json(

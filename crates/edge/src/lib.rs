@@ -43,6 +43,7 @@ pub mod metrics;
 pub mod network;
 pub mod pack;
 pub mod records;
+pub mod snapshot;
 pub mod substrates;
 pub mod trajectory;
 pub mod ttl;

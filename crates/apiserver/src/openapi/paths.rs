@@ -411,6 +411,31 @@ pub fn tty() {}
     ))]
 pub fn pack_diff() {}
 
+/// Snapshot a container's files: its writable layer, taken while it is frozen, becomes a layer
+/// on top of its layers, registered as an image (the snapshot id); the sandbox goes on. A
+/// sandbox created from it starts new processes on those files.
+#[utoipa::path(post, path = "/v1/sandboxes/{id}/snapshot", tag = "sandboxes", operation_id = "snapshot",
+    params(SandboxPath),
+    request_body = dsec_wire::api::SnapshotRequest,
+    responses(
+        (status = 201, description = "Taken", body = dsec_wire::api::SnapshotInfo),
+        (status = "default", description = ERRORS, body = ErrorBody),
+    ))]
+pub fn snapshot() {}
+
+/// Fork a sandbox into `n` (1..=100) new ones from one snapshot of its current files, each
+/// a create (quotas, placement, admission) with its own id, writable layer, network and
+/// trajectory, labelled `dsec.fork_of` and `dsec.fork_step`.
+#[utoipa::path(post, path = "/v1/sandboxes/{id}/fork", tag = "sandboxes", operation_id = "fork",
+    params(SandboxPath),
+    request_body = dsec_wire::api::ForkRequest,
+    responses(
+        (status = 201, description = "Every child exists", body = dsec_wire::api::ForkResult),
+        (status = 207, description = "Some children could not be made (`failed`); those made are in `children`", body = dsec_wire::api::ForkResult),
+        (status = "default", description = ERRORS, body = ErrorBody),
+    ))]
+pub fn fork() {}
+
 /// Network mode, rules, addresses and denied counters.
 #[utoipa::path(get, path = "/v1/sandboxes/{id}/network", tag = "network", operation_id = "getNetwork",
     params(SandboxPath),

@@ -10,6 +10,8 @@
 //! | DELETE | `/v1/sandboxes/{id}` | | [`SandboxInfo`] (state `stopped`) |
 //! | POST | `/v1/sandboxes/{id}/pause` | | [`SandboxInfo`] (state `paused`, `last_pause` memory report) |
 //! | POST | `/v1/sandboxes/{id}/resume` | | [`SandboxInfo`] (state `running`) |
+//! | POST | `/v1/sandboxes/{id}/snapshot` | [`SnapshotRequest`] | 201 [`SnapshotInfo`] (the id is an image name) |
+//! | POST | `/v1/sandboxes/{id}/fork` | [`ForkRequest`] | 201 [`ForkResult`] (207 when some children failed) |
 //! | POST | `/v1/jobs/pause`, `/v1/jobs/resume`, `/v1/jobs/stop` | [`LabelSelector`] | [`JobOpResult`] (every matching sandbox on every node) |
 //! | POST | `/v1/sandboxes/{id}/shell` | [`RunShellRequest`] | [`CommandResult`], or NDJSON [`StreamEvent`]s when `stream` |
 //! | POST | `/v1/sandboxes/{id}/exec` | [`ExecRequest`] | [`CommandResult`], or NDJSON [`StreamEvent`]s when `stream` |
@@ -43,6 +45,7 @@ mod function;
 mod image;
 mod network;
 mod node;
+mod snapshot;
 mod trajectory;
 
 pub use end_reason::*;
@@ -53,6 +56,7 @@ pub use function::*;
 pub use image::*;
 pub use network::*;
 pub use node::*;
+pub use snapshot::*;
 pub use trajectory::*;
 
 use std::collections::BTreeMap;
