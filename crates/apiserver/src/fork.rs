@@ -184,33 +184,30 @@ pub async fn fork(
         only_node: Some(parent.node.clone()),
     };
     let child = child_request(&parent, &snapshot.id, &req.labels);
-    let results: Vec<(u32, Result<SandboxInfo, ErrorDetail>)> =
-        futures::stream::iter(0..req.n)
-            .map(|i| {
-                let (st, principal, child, extras) = (&st, &principal, child.clone(), extras.clone());
-                async move {
-                    let r = match crate::create::create_with(st, principal, child, extras).await {
-                        Ok(resp) => {
-                            let (status, bytes) = body_of(resp).await;
-                            if status.is_success() {
-                                serde_json::from_slice::<SandboxInfo>(&bytes).map_err(|e| {
-                                    ErrorDetail {
-                                        code: dsec_wire::api::codes::INTERNAL.into(),
-                                        message: format!("decode the child's info: {e}"),
-                                    }
-                                })
-                            } else {
-                                Err(detail_of(status, &bytes))
-                            }
+    let results: Vec<(u32, Result<SandboxInfo, ErrorDetail>)> = futures::stream::iter(0..req.n)
+        .map(|i| {
+            let (st, principal, child, extras) = (&st, &principal, child.clone(), extras.clone());
+            async move {
+                let r = match crate::create::create_with(st, principal, child, extras).await {
+                    Ok(resp) => {
+                        let (status, bytes) = body_of(resp).await;
+                        if status.is_success() {
+                            serde_json::from_slice::<SandboxInfo>(&bytes).map_err(|e| ErrorDetail {
+                                code: dsec_wire::api::codes::INTERNAL.into(),
+                                message: format!("decode the child's info: {e}"),
+                            })
+                        } else {
+                            Err(detail_of(status, &bytes))
                         }
-                        Err(e) => Err(e.body().error),
-                    };
-                    (i, r)
-                }
-            })
-            .buffered(PARALLEL)
-            .collect()
-            .await;
+                    }
+                    Err(e) => Err(e.body().error),
+                };
+                (i, r)
+            }
+        })
+        .buffered(PARALLEL)
+        .collect()
+        .await;
     let mut out = ForkResult {
         snapshot,
         children: Vec::new(),
@@ -261,7 +258,11 @@ mod tests {
             .into(),
             ..Default::default()
         };
-        let c = child_request(&parent, "snapshot/x", &[("k".to_string(), "v".to_string())].into());
+        let c = child_request(
+            &parent,
+            "snapshot/x",
+            &[("k".to_string(), "v".to_string())].into(),
+        );
         assert_eq!(c.image, "snapshot/x");
         assert_eq!(c.memory_limit_mb, Some(256));
         assert_eq!(c.project.as_deref(), Some("p"));

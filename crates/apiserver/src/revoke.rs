@@ -63,6 +63,10 @@ pub async fn stop_sandboxes_of(st: &AppState, principal: &str) -> Vec<String> {
         st.ledger.release_sandbox(id);
     }
     all.sort();
-    tracing::info!(principal, stopped = all.len(), "stopped the sandboxes of a revoked key");
+    tracing::info!(
+        principal,
+        stopped = all.len(),
+        "stopped the sandboxes of a revoked key"
+    );
     all
 }

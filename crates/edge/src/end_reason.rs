@@ -22,7 +22,12 @@ pub fn set(info: &mut SandboxInfo, end: EndReason, detail: String) {
 
 /// Adds cleanup problems to an ended sandbox's detail (its reason stays what it was).
 pub fn add_problems(info: &mut SandboxInfo, problems: &str) {
-    let with = |s: Option<String>| Some(format!("{}; cleanup problems: {problems}", s.unwrap_or_default()));
+    let with = |s: Option<String>| {
+        Some(format!(
+            "{}; cleanup problems: {problems}",
+            s.unwrap_or_default()
+        ))
+    };
     info.reason = with(info.reason.take());
     info.end_detail = with(info.end_detail.take());
 }

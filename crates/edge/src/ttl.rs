@@ -59,9 +59,10 @@ pub(crate) fn decide(v: &TtlView, now_ms: u64) -> Option<Decision> {
     }
     if let Some(total) = v.ttl_total {
         if now_ms.saturating_sub(v.created_ms) >= total.saturating_mul(1000) {
-            return Some(Decision::Stop(EndReason::TtlTotal, format!(
-                "its hard lifetime ttl_total of {total} s ended"
-            )));
+            return Some(Decision::Stop(
+                EndReason::TtlTotal,
+                format!("its hard lifetime ttl_total of {total} s ended"),
+            ));
         }
     }
     let idle = v.ttl_running_stop?;
@@ -72,9 +73,10 @@ pub(crate) fn decide(v: &TtlView, now_ms: u64) -> Option<Decision> {
         return None;
     }
     Some(match v.ttl_action {
-        TtlAction::Stop => Decision::Stop(EndReason::TtlIdle, format!(
-            "idle for ttl_running_stop = {idle} s without a request"
-        )),
+        TtlAction::Stop => Decision::Stop(
+            EndReason::TtlIdle,
+            format!("idle for ttl_running_stop = {idle} s without a request"),
+        ),
         TtlAction::Pause => Decision::Pause,
     })
 }
@@ -137,7 +139,9 @@ mod tests {
     fn idle_stop_and_pause() {
         let v = view(SandboxState::Running);
         assert_eq!(decide(&v, 1_009_999), None);
-        assert!(matches!(decide(&v, 1_010_000), Some(Decision::Stop(EndReason::TtlIdle, r)) if r.contains("idle")));
+        assert!(
+            matches!(decide(&v, 1_010_000), Some(Decision::Stop(EndReason::TtlIdle, r)) if r.contains("idle"))
+        );
         let p = TtlView {
             ttl_action: TtlAction::Pause,
             ..view(SandboxState::Running)

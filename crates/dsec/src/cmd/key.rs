@@ -62,8 +62,7 @@ pub async fn key(c: &Client, cmd: KeyCommand) -> anyhow::Result<()> {
             } else {
                 c.revoke_key(&key_id).await
             };
-            let r = r
-                .with_context(|| format!("revoke key {key_id}"))?;
+            let r = r.with_context(|| format!("revoke key {key_id}"))?;
             super::print_json(&r)
         }
     }

@@ -8,8 +8,8 @@ use axum::http::{header, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 use dsec_wire::api::{
-    CreateSandboxRequest, EndReason, ExecRequest, ListSandboxesQuery, RunShellRequest,
-    SandboxInfo, SandboxList,
+    CreateSandboxRequest, EndReason, ExecRequest, ListSandboxesQuery, RunShellRequest, SandboxInfo,
+    SandboxList,
 };
 use futures::StreamExt as _;
 
