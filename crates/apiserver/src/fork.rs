@@ -108,7 +108,6 @@ fn detail_of(status: StatusCode, bytes: &[u8]) -> ErrorDetail {
 
 /// Calls the parent's edge; a non-2xx answer is passed on as it came.
 async fn edge_call<T: serde::de::DeserializeOwned>(
-    st: &AppState,
     req: reqwest::RequestBuilder,
     what: &str,
 ) -> Result<Result<T, Response>, ApiError> {
@@ -121,7 +120,6 @@ async fn edge_call<T: serde::de::DeserializeOwned>(
         .bytes()
         .await
         .map_err(|e| ApiError::NodeUnavailable(format!("{what}: {e}")))?;
-    let _ = st;
     if !status.is_success() {
         let mut resp = (status, bytes).into_response();
         resp.headers_mut().insert(
@@ -146,7 +144,6 @@ pub async fn fork(
     let edge = st.forwarder.edge_for_sandbox(&id)?;
     let http = st.forwarder.http();
     let parent: SandboxInfo = match edge_call(
-        &st,
         http.get(format!("{}/edge/v1/sandboxes/{id}", edge.url))
             .bearer_auth(&edge.token),
         "read the parent sandbox",
@@ -161,7 +158,6 @@ pub async fn fork(
         memory: false,
     };
     let snapshot: SnapshotInfo = match edge_call(
-        &st,
         http.post(format!("{}/edge/v1/sandboxes/{id}/snapshot", edge.url))
             .bearer_auth(&edge.token)
             .json(&snap_req),

@@ -348,7 +348,20 @@ async fn stop_sandbox(
     Ok(resp)
 }
 
-async fn list_sandboxes(State(st): State<AppState>, uri: Uri) -> Result<Response, ApiError> {
+async fn list_sandboxes(
+    State(st): State<AppState>,
+    q: Result<
+        axum::extract::Query<dsec_wire::api::ListSandboxesQuery>,
+        axum::extract::rejection::QueryRejection,
+    >,
+    uri: Uri,
+) -> Result<Response, ApiError> {
+    // Checked here so that a bad query is the caller's 400, not every edge's refusal.
+    q.map_err(|e| {
+        ApiError::BadRequest(format!(
+            "bad list query ({e}); use ended=true|false and end_reason=<reason>"
+        ))
+    })?;
     let endpoints = st.forwarder.watcher().endpoints();
     let query = uri.query().map(|q| format!("?{q}")).unwrap_or_default();
     let http = st.forwarder.http().clone();
