@@ -227,7 +227,7 @@ class DSecClient(FunctionsMixin):
             return err
         try:
             info = await self.get_sandbox(m.group(1))
-        except DSecError:
+        except Exception:  # best effort: the call's own error is raised either way
             return err
         if not info.end_reason:
             return err
