@@ -285,7 +285,14 @@ def test_node_lost_after_the_grace_and_back_when_it_rejoins(dsec_bin):
             # Within the grace the node is only unavailable; after it, its sandboxes are lost.
             with pytest.raises(dsec.NodeUnavailable):
                 sb.run_shell("echo hi")
-            info = ended_with(c, sb.id, "node_lost", timeout=10)
+            def lost():
+                try:
+                    return c.get_sandbox(sb.id).end_reason == "node_lost"
+                except dsec.NodeUnavailable:
+                    return False  # still within the grace
+
+            assert wait_until(lost, 10)
+            info = ended_with(c, sb.id, "node_lost")
             assert info.state == "failed" and info.ended_by_infrastructure, info
             raises_ended(sb, "node_lost")
             assert c.stop_sandbox(sb.id).end_reason == "node_lost"
@@ -297,5 +304,7 @@ def test_node_lost_after_the_grace_and_back_when_it_rejoins(dsec_bin):
             sb.stop()
     finally:
         api.kill(signal.SIGTERM)
+        if edge.p is not None and edge.p.poll() is not None:
+            edge.start()  # re-adopts what the killed edge left, so that its stop ends it
         edge.kill(signal.SIGTERM)
         remove_data_dir(tmp)
