@@ -79,6 +79,9 @@ pub struct ApiConfig {
     pub default_cpu_cores: f64,
     /// How often quota usage is reconciled with the sandboxes the edges really have, ms.
     pub reconcile_period_ms: u64,
+    /// After how long without an answer from its node a sandbox counts as ended with
+    /// `node_lost` (GET answers it `failed`, other calls 410), ms.
+    pub node_lost_after_ms: u64,
 }
 
 impl Default for ApiConfig {
@@ -94,6 +97,7 @@ impl Default for ApiConfig {
             default_memory_mb: 1024,
             default_cpu_cores: 1.0,
             reconcile_period_ms: 10_000,
+            node_lost_after_ms: 60_000,
         }
     }
 }
@@ -126,6 +130,12 @@ impl ApiConfig {
         if self.reconcile_period_ms == 0 {
             return Err(ConfigError::Invalid {
                 key: "reconcile_period_ms".into(),
+                message: "must be > 0".into(),
+            });
+        }
+        if self.node_lost_after_ms == 0 {
+            return Err(ConfigError::Invalid {
+                key: "node_lost_after_ms".into(),
                 message: "must be > 0".into(),
             });
         }

@@ -25,6 +25,9 @@ use crate::routes::AppState;
 
 /// Label carrying the project a sandbox is charged to.
 pub const LABEL_PROJECT: &str = "dsec.project";
+/// Label carrying the principal that created a sandbox (revoking its key with
+/// `stop_sandboxes` stops it).
+pub const LABEL_PRINCIPAL: &str = "dsec.principal";
 /// Label carrying the quota reservation of a sandbox (reconciliation).
 pub const LABEL_RESERVATION: &str = "dsec.reservation";
 
@@ -48,11 +51,31 @@ pub async fn create(
     principal: &Principal,
     body: Bytes,
 ) -> Result<Response, ApiError> {
-    let mut req: CreateSandboxRequest = serde_json::from_slice(&body)
+    let req: CreateSandboxRequest = serde_json::from_slice(&body)
         .map_err(|e| ApiError::BadRequest(format!("invalid create request: {e}")))?;
+    create_with(st, principal, req, Extras::default()).await
+}
+
+/// What a create made by the platform itself (a fork's children) adds to a caller's.
+#[derive(Debug, Default, Clone)]
+pub struct Extras {
+    /// `dsec.` labels of the platform's own (kept, unlike a caller's).
+    pub labels: std::collections::BTreeMap<String, String>,
+    /// Place only on this node (where the image is).
+    pub only_node: Option<String>,
+}
+
+/// A create: quota reservation, placement, forward; the answer is the edge's.
+pub async fn create_with(
+    st: &AppState,
+    principal: &Principal,
+    mut req: CreateSandboxRequest,
+    extras: Extras,
+) -> Result<Response, ApiError> {
     // The `dsec.` label prefix is the platform's: a caller's values (e.g. copied from another
     // sandbox's info, as `dsec replay` does) are dropped and replaced below, never trusted.
     req.labels.retain(|k, _| !k.starts_with("dsec."));
+    req.labels.extend(extras.labels.clone());
     let cfg = &st.config;
     let project = req
         .project
@@ -99,6 +122,8 @@ pub async fn create(
         }
     }
     req.labels.insert(LABEL_PROJECT.into(), project);
+    req.labels
+        .insert(LABEL_PRINCIPAL.into(), principal.id.clone());
     req.labels.insert(LABEL_RESERVATION.into(), res_id.clone());
     let body = match serde_json::to_vec(&req) {
         Ok(b) => Bytes::from(b),
@@ -107,10 +132,15 @@ pub async fn create(
             return Err(ApiError::Internal(format!("encode create request: {e}")));
         }
     };
-    let plan = st
+    let mut plan = st
         .forwarder
         .watcher()
         .with(|nodes| placement::plan(nodes, &req, &cfg.placement, &mut rand::thread_rng()));
+    if let Some(only) = &extras.only_node {
+        let w = st.forwarder.watcher();
+        plan.nodes
+            .retain(|i| w.endpoint_at(*i).and_then(|(_, n)| n).as_deref() == Some(only));
+    }
     if plan.nodes.is_empty() {
         st.ledger.release_reservation(&res_id);
         st.metrics.placement_refusals.inc();

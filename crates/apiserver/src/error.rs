@@ -25,6 +25,9 @@ pub enum ApiError {
     Forbidden(String),
     #[error("{0}")]
     QuotaExceeded(String),
+    /// The sandbox ended (410), e.g. its node was lost.
+    #[error("{0}")]
+    SandboxDead(String),
     #[error("internal error: {0}")]
     Internal(String),
 }
@@ -41,6 +44,7 @@ impl ApiError {
             ApiError::Conflict(_) => codes::CONFLICT,
             ApiError::Forbidden(_) => codes::FORBIDDEN,
             ApiError::QuotaExceeded(_) => codes::QUOTA_EXCEEDED,
+            ApiError::SandboxDead(_) => codes::SANDBOX_DEAD,
             ApiError::Internal(_) => codes::INTERNAL,
         }
     }

@@ -104,7 +104,7 @@ pub fn v1_routes() -> Routes {
     Routes::new()
         .on(Post, "/v1/sandboxes", create_sandbox)
         .on(Get, "/v1/sandboxes", list_sandboxes)
-        .on(Get, "/v1/sandboxes/{id}", sandbox_simple)
+        .on(Get, "/v1/sandboxes/{id}", get_sandbox)
         .on(Delete, "/v1/sandboxes/{id}", stop_sandbox)
         .on(Post, "/v1/sandboxes/{id}/shell", sandbox_json)
         .on(Post, "/v1/sandboxes/{id}/exec", sandbox_json)
@@ -120,6 +120,7 @@ pub fn v1_routes() -> Routes {
         .on(Get, "/v1/sandboxes/{id}/files/stat", sandbox_simple)
         .on(Post, "/v1/sandboxes/{id}/files/mkdir", sandbox_simple)
         .on(Get, "/v1/sandboxes/{id}/tty", tty)
+        .on(Post, "/v1/sandboxes/{id}/fork", crate::fork::fork)
         // Routes added to the edge later (pause, network rules, trajectory, ...) pass through;
         // the document lists them (`openapi::EDGE_PASS_THROUGH`).
         .on(Any, "/v1/sandboxes/{id}/{*rest}", sandbox_stream_rest)
@@ -320,12 +321,23 @@ async fn stop_sandbox(
     req: Request,
 ) -> Result<Response, ApiError> {
     let id = sandbox_id(id)?;
+    if let Some(info) = crate::node_lost::lost(&st, &id) {
+        st.ledger.release_sandbox(&id);
+        return Ok(axum::Json(info).into_response());
+    }
+    // The edge's stop takes an `end_reason` from the platform only: a caller's query is
+    // dropped (a client's stop is `stopped_by_user`).
+    let uri: Uri = req
+        .uri()
+        .path()
+        .parse()
+        .map_err(|_| ApiError::BadRequest("bad sandbox path".into()))?;
     let resp = forward_sandbox(
         &st,
         &id,
         &matched,
         req.method().clone(),
-        req.uri(),
+        &uri,
         req.headers(),
         ForwardBody::Empty,
     )
@@ -336,7 +348,20 @@ async fn stop_sandbox(
     Ok(resp)
 }
 
-async fn list_sandboxes(State(st): State<AppState>, uri: Uri) -> Result<Response, ApiError> {
+async fn list_sandboxes(
+    State(st): State<AppState>,
+    q: Result<
+        axum::extract::Query<dsec_wire::api::ListSandboxesQuery>,
+        axum::extract::rejection::QueryRejection,
+    >,
+    uri: Uri,
+) -> Result<Response, ApiError> {
+    // Checked here so that a bad query is the caller's 400, not every edge's refusal.
+    q.map_err(|e| {
+        ApiError::BadRequest(format!(
+            "bad list query ({e}); use ended=true|false and end_reason=<reason>"
+        ))
+    })?;
     let endpoints = st.forwarder.watcher().endpoints();
     let query = uri.query().map(|q| format!("?{q}")).unwrap_or_default();
     let http = st.forwarder.http().clone();
@@ -382,6 +407,41 @@ async fn list_sandboxes(State(st): State<AppState>, uri: Uri) -> Result<Response
     Ok(resp)
 }
 
+/// The edge owning sandbox `id`; a sandbox of a node silent past `node_lost_after_ms` is
+/// 410 `sandbox_dead` (see [`crate::node_lost`]).
+fn edge_for(st: &AppState, id: &str) -> Result<crate::config::EdgeEndpoint, ApiError> {
+    match st.forwarder.edge_for_sandbox(id) {
+        Err(ApiError::NodeUnavailable(m)) => Err(crate::node_lost::lost(st, id)
+            .map_or(ApiError::NodeUnavailable(m), |i| crate::node_lost::dead(&i))),
+        other => other,
+    }
+}
+
+/// `GET /v1/sandboxes/{id}`: forwarded; a sandbox of a lost node answers its ended view.
+async fn get_sandbox(
+    State(st): State<AppState>,
+    id: Result<Path<String>, PathRejection>,
+    matched: Option<MatchedPath>,
+    method: Method,
+    uri: Uri,
+    headers: HeaderMap,
+) -> Result<Response, ApiError> {
+    let id = sandbox_id(id)?;
+    if let Some(info) = crate::node_lost::lost(&st, &id) {
+        return Ok(axum::Json(info).into_response());
+    }
+    forward_sandbox(
+        &st,
+        &id,
+        &matched,
+        method,
+        &uri,
+        &headers,
+        ForwardBody::Empty,
+    )
+    .await
+}
+
 async fn forward_sandbox(
     st: &AppState,
     id: &str,
@@ -391,7 +451,7 @@ async fn forward_sandbox(
     headers: &HeaderMap,
     body: ForwardBody,
 ) -> Result<Response, ApiError> {
-    let edge = st.forwarder.edge_for_sandbox(id)?;
+    let edge = edge_for(st, id)?;
     st.forwarder
         .forward(
             &edge,
@@ -459,7 +519,7 @@ async fn sandbox_json(
 ) -> Result<Response, ApiError> {
     let id = sandbox_id(id)?;
     // Route first so a malformed id is a 404 whatever the body.
-    st.forwarder.edge_for_sandbox(&id)?;
+    edge_for(&st, &id)?;
     let bytes = read_json_body(&headers, body).await?;
     forward_sandbox(
         &st,

@@ -122,6 +122,17 @@ impl Watcher {
             .map(|n| (n.endpoint.clone(), n.healthy, n.last_error.clone()))
     }
 
+    /// How long node `node_id` has been unhealthy since it last answered; `None` while it is
+    /// healthy, unknown, or has not answered since this apiserver started.
+    pub fn silent_for(&self, node_id: &str) -> Option<std::time::Duration> {
+        let nodes = self.nodes.read().ok()?;
+        let n = nodes
+            .iter()
+            .find(|n| n.node_id.as_deref() == Some(node_id))?;
+        (!n.healthy).then_some(())?;
+        n.last_seen.map(|t| t.elapsed())
+    }
+
     /// The first configured edge (images go there until the cluster issue).
     pub fn first_endpoint(&self) -> Option<EdgeEndpoint> {
         self.nodes.read().ok()?.first().map(|n| n.endpoint.clone())

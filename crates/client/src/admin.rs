@@ -49,6 +49,14 @@ impl Client {
         .await
     }
 
+    /// Revokes a key and stops every sandbox its principal created (end reason
+    /// `quota_revoked`); the answer lists them.
+    pub async fn revoke_key_and_stop(&self, key_id: &str) -> Result<RevokedKey> {
+        let mut u = self.url(&["v1", "keys", key_id])?;
+        u.query_pairs_mut().append_pair("stop_sandboxes", "true");
+        json(self.send(self.request(Method::DELETE, u)).await?).await
+    }
+
     /// `GET /v1/cluster`: nodes, capacity, load and this apiserver's counters.
     pub async fn cluster(&self) -> Result<ClusterView> {
         json(

@@ -22,8 +22,9 @@ use std::pin::Pin;
 
 use bytes::Bytes;
 use dsec_wire::api::{
-    CommandResult, CreateSandboxRequest, ErrorBody, ExecRequest, FileInfo, FileList, ImageInfo,
-    ImageList, NodeList, RunShellRequest, SandboxInfo, SandboxList, StreamEvent,
+    CommandResult, CreateSandboxRequest, EndReason, ErrorBody, ExecRequest, FileInfo, FileList,
+    ImageInfo, ImageList, ListSandboxesQuery, NodeList, RunShellRequest, SandboxInfo, SandboxList,
+    StreamEvent,
 };
 use futures::{Stream, StreamExt, TryStreamExt};
 use reqwest::{Method, RequestBuilder, Response, StatusCode};
@@ -62,6 +63,15 @@ pub enum ClientError {
     /// Bad configuration (URL, key).
     #[error("{0}")]
     Config(String),
+    /// A call reached a sandbox that has ended (410 `sandbox_dead`); `reason` says why, so a
+    /// trainer can tell infrastructure failures ([`EndReason::is_infrastructure`]) from the
+    /// agent's. [`ClientError::code`] is `sandbox_dead`, as for the plain API error.
+    #[error("sandbox {id} ended ({reason}): {detail}")]
+    SandboxEnded {
+        id: String,
+        reason: EndReason,
+        detail: String,
+    },
 }
 
 impl ClientError {
@@ -69,6 +79,7 @@ impl ClientError {
     pub fn code(&self) -> Option<&str> {
         match self {
             ClientError::Api { code, .. } => Some(code),
+            ClientError::SandboxEnded { .. } => Some(dsec_wire::api::codes::SANDBOX_DEAD),
             _ => None,
         }
     }
@@ -113,6 +124,20 @@ fn transport(url: &Url, e: reqwest::Error) -> ClientError {
         url: url.to_string(),
         message,
     }
+}
+
+/// The sandbox id of a `/v1/sandboxes/{id}/...` URL.
+fn sandbox_of(url: &Url) -> Option<String> {
+    let mut seg = url.path_segments()?;
+    while let Some(s) = seg.next() {
+        if s == "sandboxes" {
+            return seg
+                .next()
+                .filter(|id| dsec_wire::id::is_valid_sandbox_id(id))
+                .map(str::to_string);
+        }
+    }
+    None
 }
 
 /// Turns a non-success answer into `ClientError::Api`.
@@ -278,7 +303,41 @@ impl Client {
     }
 
     async fn send(&self, (req, url): (RequestBuilder, Url)) -> Result<Response> {
-        req.send().await.map_err(|e| transport(&url, e))
+        let resp = req.send().await.map_err(|e| transport(&url, e))?;
+        if resp.status() == StatusCode::GONE {
+            if let Some(id) = sandbox_of(&url) {
+                return Err(self.ended(&id, resp).await);
+            }
+        }
+        Ok(resp)
+    }
+
+    /// The error for a 410 answer of a call to sandbox `id`: [`ClientError::SandboxEnded`]
+    /// with the reason its info gives, else the API error as it came.
+    async fn ended(&self, id: &str, resp: Response) -> ClientError {
+        let err = match check(resp).await {
+            Err(e) => e,
+            Ok(_) => return ClientError::Decode("410 answer without an error".into()),
+        };
+        if err.code() != Some(dsec_wire::api::codes::SANDBOX_DEAD) {
+            return err;
+        }
+        let Ok(u) = self.sandbox_url(id, &[]) else {
+            return err;
+        };
+        let got = self.http.get(u).bearer_auth(&self.key).send().await;
+        let info: Option<SandboxInfo> = match got {
+            Ok(r) if r.status().is_success() => r.json().await.ok(),
+            _ => None,
+        };
+        match info.and_then(|i| i.end_reason.map(|r| (r, i.end_detail.or(i.reason)))) {
+            Some((reason, detail)) => ClientError::SandboxEnded {
+                id: id.to_string(),
+                reason,
+                detail: detail.unwrap_or_default(),
+            },
+            None => err,
+        }
     }
 
     // ---- sandboxes
@@ -302,6 +361,43 @@ impl Client {
                 .await?,
         )
         .await
+    }
+
+    /// The list with ended sandboxes too (`ended`), or only those ended for `end_reason`.
+    pub async fn list_with(&self, q: &ListSandboxesQuery) -> Result<SandboxList> {
+        let mut u = self.url(&["v1", "sandboxes"])?;
+        {
+            let mut p = u.query_pairs_mut();
+            if let Some(e) = q.ended {
+                p.append_pair("ended", if e { "true" } else { "false" });
+            }
+            if let Some(r) = q.end_reason {
+                p.append_pair("end_reason", r.as_str());
+            }
+        }
+        json(self.send(self.request(Method::GET, u)).await?).await
+    }
+
+    /// Snapshots a container's files into an image (the answer's `id`, which a create names
+    /// as its image); the sandbox goes on.
+    pub async fn snapshot(
+        &self,
+        id: &str,
+        req: &dsec_wire::api::SnapshotRequest,
+    ) -> Result<dsec_wire::api::SnapshotInfo> {
+        let (b, u) = self.request(Method::POST, self.sandbox_url(id, &["snapshot"])?);
+        json(self.send((b.json(req), u)).await?).await
+    }
+
+    /// Forks a sandbox into `req.n` new ones from one snapshot. A partial failure is an `Ok`
+    /// whose `failed` is not empty (those in `children` exist).
+    pub async fn fork(
+        &self,
+        id: &str,
+        req: &dsec_wire::api::ForkRequest,
+    ) -> Result<dsec_wire::api::ForkResult> {
+        let (b, u) = self.request(Method::POST, self.sandbox_url(id, &["fork"])?);
+        json(self.send((b.json(req), u)).await?).await
     }
 
     /// Pauses a sandbox (freeze + memory reclaim); any later request resumes it.

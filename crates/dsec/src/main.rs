@@ -91,6 +91,10 @@ pub enum Command {
     Pause(cmd::pause::PauseArgs),
     /// Resume paused sandboxes (by id or --label).
     Resume(cmd::pause::PauseArgs),
+    /// Snapshot a container's files into an image (prints the snapshot id, an image name).
+    Snapshot(cmd::snapshot::SnapshotArgs),
+    /// Fork a sandbox into N new ones from one snapshot (prints the children's ids).
+    Fork(cmd::snapshot::ForkArgs),
     /// Copy a file into or out of a sandbox (one side is ID:/path).
     Cp(cmd::cp::CpArgs),
     /// Function calls on pre-warmed workers (`dsec fn run --lang python FILE`).
@@ -268,6 +272,8 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Stop(a) => cmd::sandbox::stop(&connect::client(&g)?, a).await,
         Command::Pause(a) => cmd::pause::pause(&connect::client(&g)?, a).await,
         Command::Resume(a) => cmd::pause::resume(&connect::client(&g)?, a).await,
+        Command::Snapshot(a) => cmd::snapshot::snapshot(&connect::client(&g)?, a).await,
+        Command::Fork(a) => cmd::snapshot::fork(&connect::client(&g)?, a).await,
         Command::Cp(a) => cmd::cp::cp(&connect::client(&g)?, a).await,
         Command::Fn(c) => cmd::fn_::run(&connect::client(&g)?, c).await,
         Command::Image(c) => cmd::image::image(&connect::client(&g)?, c).await,

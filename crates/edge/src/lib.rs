@@ -34,6 +34,7 @@
 
 pub mod commands;
 pub mod config;
+pub mod end_reason;
 pub mod error;
 pub mod files;
 pub mod http;
@@ -43,6 +44,7 @@ pub mod names;
 pub mod network;
 pub mod pack;
 pub mod records;
+pub mod snapshot;
 pub mod substrates;
 pub mod trajectory;
 pub mod ttl;

@@ -12,7 +12,7 @@ use std::sync::{Arc, Weak};
 use std::time::Duration;
 
 use dsec_node::now_ms;
-use dsec_wire::api::{SandboxState, TtlAction};
+use dsec_wire::api::{EndReason, SandboxState, TtlAction};
 
 use dsec_runtime::substrate::BoxFut;
 
@@ -32,8 +32,9 @@ pub struct TtlView {
 pub trait Reapable: Send + Sync + 'static {
     /// Every live sandbox.
     fn ttl_views(&self) -> Vec<TtlView>;
-    /// Stops a sandbox, giving `reason`.
-    fn stop_because<'a>(&'a self, id: &'a str, reason: String) -> BoxFut<'a, ()>;
+    /// Stops a sandbox for `end` ([`EndReason::TtlIdle`] or [`EndReason::TtlTotal`]), giving
+    /// `reason` as the detail.
+    fn stop_because<'a>(&'a self, id: &'a str, end: EndReason, reason: String) -> BoxFut<'a, ()>;
     /// Pauses a sandbox unless a request touched it since `seen_last_request_ms`.
     fn pause_idle<'a>(&'a self, id: &'a str, seen_last_request_ms: u64) -> BoxFut<'a, ()>;
 }
@@ -41,7 +42,7 @@ pub trait Reapable: Send + Sync + 'static {
 /// What the reaper does to one sandbox.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Decision {
-    Stop(String),
+    Stop(EndReason, String),
     Pause,
 }
 
@@ -58,9 +59,10 @@ pub(crate) fn decide(v: &TtlView, now_ms: u64) -> Option<Decision> {
     }
     if let Some(total) = v.ttl_total {
         if now_ms.saturating_sub(v.created_ms) >= total.saturating_mul(1000) {
-            return Some(Decision::Stop(format!(
-                "its hard lifetime ttl_total of {total} s ended"
-            )));
+            return Some(Decision::Stop(
+                EndReason::TtlTotal,
+                format!("its hard lifetime ttl_total of {total} s ended"),
+            ));
         }
     }
     let idle = v.ttl_running_stop?;
@@ -71,9 +73,10 @@ pub(crate) fn decide(v: &TtlView, now_ms: u64) -> Option<Decision> {
         return None;
     }
     Some(match v.ttl_action {
-        TtlAction::Stop => Decision::Stop(format!(
-            "idle for ttl_running_stop = {idle} s without a request"
-        )),
+        TtlAction::Stop => Decision::Stop(
+            EndReason::TtlIdle,
+            format!("idle for ttl_running_stop = {idle} s without a request"),
+        ),
         TtlAction::Pause => Decision::Pause,
     })
 }
@@ -88,9 +91,9 @@ pub async fn sweep(mgr: &dyn Reapable) {
         .collect();
     for (v, d) in todo {
         match d {
-            Decision::Stop(reason) => {
-                tracing::info!(sandbox = %v.id, %reason, "TTL stop");
-                mgr.stop_because(&v.id, reason).await;
+            Decision::Stop(end, reason) => {
+                tracing::info!(sandbox = %v.id, %end, %reason, "TTL stop");
+                mgr.stop_because(&v.id, end, reason).await;
             }
             Decision::Pause => {
                 tracing::info!(sandbox = %v.id, "idle TTL pause");
@@ -136,7 +139,9 @@ mod tests {
     fn idle_stop_and_pause() {
         let v = view(SandboxState::Running);
         assert_eq!(decide(&v, 1_009_999), None);
-        assert!(matches!(decide(&v, 1_010_000), Some(Decision::Stop(r)) if r.contains("idle")));
+        assert!(
+            matches!(decide(&v, 1_010_000), Some(Decision::Stop(EndReason::TtlIdle, r)) if r.contains("idle"))
+        );
         let p = TtlView {
             ttl_action: TtlAction::Pause,
             ..view(SandboxState::Running)
@@ -172,7 +177,7 @@ mod tests {
             };
             assert_eq!(decide(&v, 1_004_999), None);
             assert!(
-                matches!(decide(&v, 1_005_000), Some(Decision::Stop(r)) if r.contains("ttl_total"))
+                matches!(decide(&v, 1_005_000), Some(Decision::Stop(EndReason::TtlTotal, r)) if r.contains("ttl_total"))
             );
         }
         let ended = TtlView {

@@ -92,6 +92,9 @@ pub struct CreatedKey {
 pub struct RevokedKey {
     /// The key id (or key) as given.
     pub revoked: String,
+    /// Sandboxes stopped with it (`?stop_sandboxes=true`; end reason `quota_revoked`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub stopped_sandboxes: Vec<String>,
 }
 
 /// How placement chooses among filtered nodes.

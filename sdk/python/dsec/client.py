@@ -6,6 +6,7 @@ import asyncio
 import base64
 import json
 import os
+import re
 import time
 from typing import (
     Any,
@@ -25,6 +26,9 @@ from .functions import FunctionsMixin
 from .errors import (
     CommandTimeout,
     DSecError,
+    ForkFailed,
+    SandboxDead,
+    SandboxEnded,
     SandboxNotFound,
     TransportError,
     error_from_body,
@@ -52,6 +56,8 @@ HTTP_GRACE = 30.0
 UPLOAD_CHUNK = 1024 * 1024
 
 _UNSET: Any = object()
+#: ``/v1/sandboxes/{id}`` and what follows it, in a request path.
+_SANDBOX_PATH = re.compile(r"^/v1/sandboxes/(sb-[a-z0-9]{1,16}-[0-9a-f]{16})(/.*)?$")
 
 if TYPE_CHECKING:  # pragma: no cover
     import httpx
@@ -205,8 +211,34 @@ class DSecClient(FunctionsMixin):
         except _http.HTTPError as e:
             raise TransportError(f"{method} {path}: cannot reach the API server at {self.api_url}: {e}") from e
         if resp.status_code >= 400:
-            raise error_from_body(resp.status_code, resp.content)
+            err = error_from_body(resp.status_code, resp.content)
+            if resp.status_code == 410:
+                err = await self._ended(method, path, err)
+            raise err
         return resp
+
+    async def _ended(self, method: str, path: str, err: DSecError) -> DSecError:
+        """A ``sandbox_dead`` answer of a call to a sandbox becomes :class:`SandboxEnded`
+        carrying the end reason its info gives (one GET); anything else stays as it is."""
+        if not isinstance(err, SandboxDead) or isinstance(err, SandboxEnded):
+            return err
+        m = _SANDBOX_PATH.match(path)
+        if not m or (method == "GET" and not m.group(2)):
+            return err
+        try:
+            info = await self.get_sandbox(m.group(1))
+        except Exception:  # best effort: the call's own error is raised either way
+            return err
+        if not info.end_reason:
+            return err
+        return SandboxEnded(
+            err.message,
+            sandbox_id=info.id,
+            reason=info.end_reason,
+            detail=info.end_detail or info.reason,
+            status=err.status,
+            code=err.code,
+        )
 
     @staticmethod
     def _json(resp: _http.Response) -> Any:
@@ -223,7 +255,7 @@ class DSecClient(FunctionsMixin):
         try:
             async with http.stream("POST", path, json=body, timeout=timeout) as resp:
                 if resp.status_code >= 400:
-                    raise error_from_body(resp.status_code, await resp.aread())
+                    raise await self._ended("POST", path, error_from_body(resp.status_code, await resp.aread()))
                 async for line in resp.aiter_lines():
                     line = line.strip()
                     if not line:
@@ -287,12 +319,36 @@ class DSecClient(FunctionsMixin):
         """Alias of :meth:`run_container`."""
         return await self.run_container(args, timeout=timeout)
 
+    async def create(
+        self, args: Union[DSecContainerRunArgs, Mapping[str, Any], None] = None, *,
+        from_snapshot: Optional[str] = None, timeout: float = 120.0, **fields: Any,
+    ) -> "Sandbox":
+        """Creates a sandbox from ``args`` (or keyword fields); ``from_snapshot`` starts it from
+        a snapshot (:meth:`Sandbox.snapshot`'s ``id``) instead of an image."""
+        if args is None:
+            body: Dict[str, Any] = dict(fields)
+        elif isinstance(args, DSecContainerRunArgs):
+            body = args.to_json()
+        else:
+            body = dict(args)
+        if from_snapshot is not None:
+            body.pop("container_image", None)
+            body["image"] = from_snapshot
+        return await self.run_container(body, timeout=timeout)
+
     async def get_sandbox(self, sandbox_id: str) -> SandboxInfo:
         resp = await self._request("GET", f"/v1/sandboxes/{_seg(sandbox_id)}")
         return SandboxInfo.from_json(self._json(resp))
 
-    async def list_sandboxes(self) -> List[SandboxInfo]:
-        resp = await self._request("GET", "/v1/sandboxes")
+    async def list_sandboxes(self, *, ended: bool = False, end_reason: Optional[str] = None) -> List[SandboxInfo]:
+        """The live sandboxes; with ``ended`` also the ended ones the nodes remember, with
+        ``end_reason`` only those that ended for that reason (see ``SandboxInfo.end_reason``)."""
+        params: Dict[str, str] = {}
+        if ended:
+            params["ended"] = "true"
+        if end_reason:
+            params["end_reason"] = end_reason
+        resp = await self._request("GET", "/v1/sandboxes", params=params or None)
         doc = self._json(resp)
         return [SandboxInfo.from_json(d) for d in doc.get("sandboxes", []) if isinstance(d, dict)]
 
@@ -677,6 +733,41 @@ class Sandbox:
         )
         return ImageInfo.from_json(self._client._json(resp))
 
+    async def snapshot(self, name: Optional[str] = None, memory: bool = False, timeout: float = 3600.0) -> Dict[str, Any]:
+        """Snapshots this sandbox's files: its writable layer, taken while it is frozen, becomes
+        a layer on top of its layers, registered as an image. Answers the snapshot (``id``: the
+        image name to create from, ``step``: the last completed step, ``image``,
+        ``snapshot_ms``). The sandbox goes on; a sandbox created from the snapshot starts new
+        processes on those files (``memory=True``, processes too, is for microVMs: not yet)."""
+        body: Dict[str, Any] = {"memory": memory}
+        if name is not None:
+            body["name"] = name
+        resp = await self._client._request("POST", self._path("/snapshot"), json_body=body, timeout=timeout)
+        return dict(self._client._json(resp))
+
+    async def fork(
+        self, n: int, labels: Optional[Mapping[str, str]] = None, snapshot_name: Optional[str] = None,
+        timeout: float = 3600.0,
+    ) -> List["Sandbox"]:
+        """``n`` (1..100) new sandboxes from one snapshot of this one, placed like any create,
+        each with its own id, writable layer, network and trajectory (labelled
+        ``dsec.fork_of``/``dsec.fork_step``). Raises :class:`ForkFailed` (with the children
+        that exist) when some could not be made; nothing of a failed child is left."""
+        body: Dict[str, Any] = {"n": n, "labels": dict(labels or {})}
+        if snapshot_name is not None:
+            body["snapshot_name"] = snapshot_name
+        resp = await self._client._request("POST", self._path("/fork"), json_body=body, timeout=timeout)
+        doc = self._client._json(resp)
+        children = [Sandbox(self._client, SandboxInfo.from_json(d)) for d in doc.get("children", [])]
+        failed = list(doc.get("failed") or [])
+        if failed:
+            raise ForkFailed(
+                f"fork of {self.id}: {len(failed)} of {n} children failed: "
+                + "; ".join(f"#{f.get('index')}: {(f.get('error') or {}).get('message')}" for f in failed[:5]),
+                children=children, failed=failed, snapshot=doc.get("snapshot"),
+            )
+        return children
+
     async def __aenter__(self) -> "Sandbox":
         return self
 
@@ -791,7 +882,8 @@ class Sandbox:
             async for doc in docs:
                 if doc.get("type") == "error":
                     err = doc.get("error") if isinstance(doc.get("error"), dict) else {}
-                    raise error_from_parts(None, err.get("code"), str(err.get("message") or "command failed"))
+                    raised = error_from_parts(None, err.get("code"), str(err.get("message") or "command failed"))
+                    raise await self._client._ended("POST", path, raised)
                 event = StreamEvent.from_json(doc)
                 if event.type == "exit":
                     saw_exit = True
@@ -870,7 +962,7 @@ class Sandbox:
         try:
             async with http.stream("GET", path, params={"path": remote_path}, timeout=timeout) as resp:
                 if resp.status_code >= 400:
-                    raise error_from_body(resp.status_code, await resp.aread())
+                    raise await self._client._ended("GET", path, error_from_body(resp.status_code, await resp.aread()))
                 mode = parse_mode_header(resp.headers.get("x-dsec-mode"))
                 tmp = f"{local}.dsec-part"
                 try:

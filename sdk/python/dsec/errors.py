@@ -81,6 +81,47 @@ class SandboxDead(DSecError):
     """The sandbox died (410 ``sandbox_dead``)."""
 
 
+class SandboxEnded(SandboxDead):
+    """A call reached a sandbox that has ended; ``reason`` says why (one of
+    ``dsec.types.END_REASONS``), ``detail`` what exactly happened and ``infrastructure``
+    whether the platform ended it (mask that rollout) rather than the agent or its trainer.
+
+    A subclass of :class:`SandboxDead`, so code catching that keeps working."""
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        sandbox_id: str,
+        reason: str,
+        detail: Optional[str] = None,
+        status: Optional[int] = 410,
+        code: Optional[str] = "sandbox_dead",
+    ):
+        super().__init__(message, status=status, code=code)
+        self.sandbox_id = sandbox_id
+        self.reason = reason
+        self.detail = detail
+
+    @property
+    def infrastructure(self) -> bool:
+        from .types import INFRASTRUCTURE_END_REASONS
+
+        return self.reason in INFRASTRUCTURE_END_REASONS
+
+
+class ForkFailed(DSecError):
+    """Some children of a fork could not be made. ``children`` holds the :class:`Sandbox`
+    handles of those that exist (stop them or use them), ``failed`` the failures
+    (``{"index": i, "error": {"code", "message"}}``), ``snapshot`` the snapshot taken."""
+
+    def __init__(self, message: str, *, children: Any, failed: Any, snapshot: Any = None):
+        super().__init__(message, status=207, code="fork_failed")
+        self.children = children
+        self.failed = failed
+        self.snapshot = snapshot
+
+
 class SandboxBusy(DSecError):
     """The sandbox is at its process limit and its agent cannot take the request right now
     (503 ``sandbox_busy``): kill processes in it, or retry."""

@@ -107,6 +107,10 @@ class DSecClient(SyncFunctionsMixin):
 
     create_sandbox = run_container
 
+    def create(self, args: Union[DSecContainerRunArgs, Mapping[str, Any], None] = None, *,
+               from_snapshot: Optional[str] = None, timeout: float = 120.0, **fields: Any) -> "Sandbox":
+        return Sandbox(self, self._run(self._aclient.create(args, from_snapshot=from_snapshot, timeout=timeout, **fields)))
+
     def run_microvm(self, args: Union[DSecContainerRunArgs, Mapping[str, Any]], timeout: float = 300.0) -> "Sandbox":
         return Sandbox(self, self._run(self._aclient.run_microvm(args, timeout=timeout)))
 
@@ -116,8 +120,8 @@ class DSecClient(SyncFunctionsMixin):
     def get_sandbox(self, sandbox_id: str) -> SandboxInfo:
         return self._run(self._aclient.get_sandbox(sandbox_id))
 
-    def list_sandboxes(self) -> List[SandboxInfo]:
-        return self._run(self._aclient.list_sandboxes())
+    def list_sandboxes(self, *, ended: bool = False, end_reason: Optional[str] = None) -> List[SandboxInfo]:
+        return self._run(self._aclient.list_sandboxes(ended=ended, end_reason=end_reason))
 
     def attach(self, sandbox_id: str) -> "Sandbox":
         return Sandbox(self, self._run(self._aclient.attach(sandbox_id)))
@@ -210,6 +214,20 @@ class Sandbox:
 
     def pack_diff(self, name: str, exclude: Optional[List[str]] = None, timeout: float = 3600.0) -> ImageInfo:
         return self._run(self._inner.pack_diff(name, exclude=exclude, timeout=timeout))
+
+    def snapshot(self, name: Optional[str] = None, memory: bool = False, timeout: float = 3600.0) -> Dict[str, Any]:
+        return self._run(self._inner.snapshot(name=name, memory=memory, timeout=timeout))
+
+    def fork(self, n: int, labels: Optional[Mapping[str, str]] = None, snapshot_name: Optional[str] = None,
+             timeout: float = 3600.0) -> List["Sandbox"]:
+        from .errors import ForkFailed
+
+        try:
+            inner = self._run(self._inner.fork(n, labels=labels, snapshot_name=snapshot_name, timeout=timeout))
+        except ForkFailed as e:
+            e.children = [Sandbox(self._client, c) for c in e.children]
+            raise
+        return [Sandbox(self._client, c) for c in inner]
 
     def __enter__(self) -> "Sandbox":
         return self

@@ -131,6 +131,26 @@ class DSecVMRunArgs:
         return body
 
 
+#: Every end reason a sandbox can carry (``SandboxInfo.end_reason``).
+END_REASONS = (
+    "stopped_by_user",
+    "ttl_idle",
+    "ttl_total",
+    "oom_killed_pid1",
+    "node_lost",
+    "edge_restart_not_adopted",
+    "preempted",
+    "memory_pressure",
+    "quota_revoked",
+    "internal_error",
+)
+
+#: The end reasons that mean the platform ended the sandbox, not the agent or its trainer.
+INFRASTRUCTURE_END_REASONS = frozenset(
+    ("node_lost", "edge_restart_not_adopted", "preempted", "memory_pressure", "quota_revoked", "internal_error")
+)
+
+
 @dataclass
 class SandboxInfo:
     """What the platform knows about one sandbox."""
@@ -167,7 +187,17 @@ class SandboxInfo:
     #: How a microVM started: ``cold``, ``template`` (restored from a template snapshot of its
     #: shape) or ``cold-fallback``; ``None`` for containers and full VMs.
     boot: Optional[str] = None
+    #: Why the sandbox ended (``stopped``/``failed`` only): one of :data:`END_REASONS`.
+    end_reason: Optional[str] = None
+    #: What exactly happened (e.g. an internal error's cause).
+    end_detail: Optional[str] = None
     raw: Dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
+
+    @property
+    def ended_by_infrastructure(self) -> bool:
+        """True when the platform, not the agent or its trainer, ended the sandbox (a rollout
+        to mask): see :data:`INFRASTRUCTURE_END_REASONS`."""
+        return self.end_reason in INFRASTRUCTURE_END_REASONS
 
     @classmethod
     def from_json(cls, doc: Dict[str, Any]) -> "SandboxInfo":

@@ -558,3 +558,38 @@ def test_sync_client_mirrors_async():
         assert [s.id for s in client.list_sandboxes()] == [SB]
         with pytest.raises(SandboxNotFound):
             client.attach("sb-n0-0000000000000000")
+
+
+def test_call_to_an_ended_sandbox_raises_sandbox_ended_with_its_reason():
+    def route(req, body):
+        if req.method == "GET" and req.url.path == f"/v1/sandboxes/{SB}":
+            return httpx.Response(200, json={"id": SB, "state": "stopped", "end_reason": "node_lost",
+                                             "end_detail": "node n0 silent", "reason": "node n0 silent"})
+        return httpx.Response(410, json={"error": {"code": "sandbox_dead", "message": "gone"}})
+
+    async def main():
+        client, _ = make_client(route)
+        sb = dsec.Sandbox(client, dsec.SandboxInfo(id=SB))
+        await sb.run_shell("x")
+
+    with pytest.raises(dsec.SandboxEnded) as ei:
+        run(main())
+    e = ei.value
+    assert isinstance(e, dsec.SandboxDead) and e.code == "sandbox_dead" and e.status == 410
+    assert e.reason == "node_lost" and e.detail == "node n0 silent" and e.infrastructure
+    assert e.sandbox_id == SB
+
+
+def test_a_410_without_an_end_reason_stays_sandbox_dead():
+    def route(req, body):
+        if req.method == "GET":
+            return httpx.Response(200, json={"id": SB, "state": "failed"})
+        return httpx.Response(410, json={"error": {"code": "sandbox_dead", "message": "gone"}})
+
+    async def main():
+        client, _ = make_client(route)
+        await dsec.Sandbox(client, dsec.SandboxInfo(id=SB)).run_shell("x")
+
+    with pytest.raises(dsec.SandboxDead) as ei:
+        run(main())
+    assert not isinstance(ei.value, dsec.SandboxEnded)

@@ -329,8 +329,9 @@ pub async fn create_key(
     r?
 }
 
-/// Revokes the key whose id (hash prefix, at least 8 hex characters) or plaintext is given.
-pub async fn revoke_key(db: &Db, key_or_id: &str) -> Result<(), IamError> {
+/// Revokes the key whose id (hash prefix, at least 8 hex characters) or plaintext is given;
+/// answers the id of the principal that owned it.
+pub async fn revoke_key(db: &Db, key_or_id: &str) -> Result<String, IamError> {
     let prefix = if key_or_id.starts_with("dsk_") {
         crate::auth::hash_key(key_or_id)
     } else {
@@ -349,16 +350,23 @@ pub async fn revoke_key(db: &Db, key_or_id: &str) -> Result<(), IamError> {
                 "UPDATE api_keys SET revoked_at = $2
                  WHERE key_hash LIKE $1 AND revoked_at IS NULL
                  AND (SELECT COUNT(*) FROM api_keys WHERE key_hash LIKE $1) = 1",
-                p![pattern, now_secs()],
+                p![&pattern, now_secs()],
             )?;
+            let owner = match n {
+                0 => None,
+                _ => tx
+                    .query_opt(
+                        "SELECT principal_id FROM api_keys WHERE key_hash LIKE $1",
+                        p![&pattern],
+                    )?
+                    .map(|r| r.str(0))
+                    .transpose()?,
+            };
             tx.commit()?;
-            Ok(n)
+            Ok(owner)
         })
         .await?;
-    if n == 0 {
-        return Err(IamError::NotFound(
-            "no single unrevoked key matches; give more of the key_id".into(),
-        ));
-    }
-    Ok(())
+    n.ok_or_else(|| {
+        IamError::NotFound("no single unrevoked key matches; give more of the key_id".into())
+    })
 }

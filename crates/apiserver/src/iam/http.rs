@@ -71,15 +71,35 @@ pub async fn create_key(
     Ok((axum::http::StatusCode::CREATED, Json(k)).into_response())
 }
 
+/// Query of `DELETE /v1/keys/{id}`.
+#[derive(Debug, Default, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RevokeQuery {
+    /// Also stop every sandbox the key's principal created (end reason `quota_revoked`).
+    #[serde(default)]
+    pub stop_sandboxes: bool,
+}
+
 pub async fn revoke_key(
     State(st): State<AppState>,
     Extension(p): Extension<Principal>,
     Path(id): Path<String>,
+    q: Result<axum::extract::Query<RevokeQuery>, axum::extract::rejection::QueryRejection>,
 ) -> Result<Response, ApiError> {
     require_admin(&p)?;
-    admin::revoke_key(&st.db, &id).await?;
+    let q = q.map_err(|e| ApiError::BadRequest(format!("bad query: {e}")))?;
+    let owner = admin::revoke_key(&st.db, &id).await?;
     st.verifier.forget_all();
-    Ok(Json(RevokedKey { revoked: id }).into_response())
+    let stopped_sandboxes = if q.stop_sandboxes {
+        crate::revoke::stop_sandboxes_of(&st, &owner).await
+    } else {
+        Vec::new()
+    };
+    Ok(Json(RevokedKey {
+        revoked: id,
+        stopped_sandboxes,
+    })
+    .into_response())
 }
 
 pub use dsec_wire::admin::{ClusterNode, ClusterView, RevokedKey};

@@ -18,6 +18,7 @@ use utoipa::{Modify, OpenApi};
 /// `/v1/sandboxes/{id}/{*rest}` pass-through (they have no route of their own here).
 pub const EDGE_PASS_THROUGH: &[(&str, &str)] = &[
     ("post", "/v1/sandboxes/{id}/pack_diff"),
+    ("post", "/v1/sandboxes/{id}/snapshot"),
     ("get", "/v1/sandboxes/{id}/network"),
     ("put", "/v1/sandboxes/{id}/network"),
     ("post", "/v1/sandboxes/{id}/pause"),
@@ -57,6 +58,8 @@ pub const EDGE_PASS_THROUGH: &[(&str, &str)] = &[
         paths::mkdir,
         paths::tty,
         paths::pack_diff,
+        paths::snapshot,
+        paths::fork,
         paths::get_network,
         paths::set_network,
         paths::pause,
@@ -86,6 +89,7 @@ pub const EDGE_PASS_THROUGH: &[(&str, &str)] = &[
         paths::metrics,
     ),
     components(schemas(
+        dsec_wire::api::EndReason,
         dsec_wire::api::ErrorCode,
         dsec_wire::api::TtyControl,
         dsec_wire::api::NodeStatus,

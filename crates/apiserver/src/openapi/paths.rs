@@ -258,8 +258,19 @@ struct QueueFull {
     ))]
 pub fn create_sandbox() {}
 
+#[derive(IntoParams)]
+#[into_params(parameter_in = Query)]
+struct ListQuery {
+    /// Also list ended sandboxes the nodes still remember (with `end_reason`/`end_detail`).
+    ended: Option<bool>,
+    /// Only ended sandboxes that ended for this reason (implies `ended`).
+    end_reason: Option<dsec_wire::api::EndReason>,
+}
+
 /// List sandboxes of every edge (header `x-dsec-partial` names edges that did not answer).
+/// Live ones by default; ended ones too with `ended=true`, filtered by `end_reason`.
 #[utoipa::path(get, path = "/v1/sandboxes", tag = "sandboxes", operation_id = "listSandboxes",
+    params(ListQuery),
     responses(
         (status = 200, description = "OK", body = SandboxList,
             headers(("x-dsec-partial" = String, description = "Edges that did not answer"))),
@@ -399,6 +410,31 @@ pub fn tty() {}
         (status = "default", description = ERRORS, body = ErrorBody),
     ))]
 pub fn pack_diff() {}
+
+/// Snapshot a container's files: its writable layer, taken while it is frozen, becomes a layer
+/// on top of its layers, registered as an image (the snapshot id); the sandbox goes on. A
+/// sandbox created from it starts new processes on those files.
+#[utoipa::path(post, path = "/v1/sandboxes/{id}/snapshot", tag = "sandboxes", operation_id = "snapshot",
+    params(SandboxPath),
+    request_body = dsec_wire::api::SnapshotRequest,
+    responses(
+        (status = 201, description = "Taken", body = dsec_wire::api::SnapshotInfo),
+        (status = "default", description = ERRORS, body = ErrorBody),
+    ))]
+pub fn snapshot() {}
+
+/// Fork a sandbox into `n` (1..=100) new ones from one snapshot of its current files, each
+/// a create (quotas, placement, admission) with its own id, writable layer, network and
+/// trajectory, labelled `dsec.fork_of` and `dsec.fork_step`.
+#[utoipa::path(post, path = "/v1/sandboxes/{id}/fork", tag = "sandboxes", operation_id = "fork",
+    params(SandboxPath),
+    request_body = dsec_wire::api::ForkRequest,
+    responses(
+        (status = 201, description = "Every child exists", body = dsec_wire::api::ForkResult),
+        (status = 207, description = "Some children could not be made (`failed`); those made are in `children`", body = dsec_wire::api::ForkResult),
+        (status = "default", description = ERRORS, body = ErrorBody),
+    ))]
+pub fn fork() {}
 
 /// Network mode, rules, addresses and denied counters.
 #[utoipa::path(get, path = "/v1/sandboxes/{id}/network", tag = "network", operation_id = "getNetwork",
@@ -592,9 +628,17 @@ pub fn set_project_quota() {}
     ))]
 pub fn create_key() {}
 
+#[derive(IntoParams)]
+#[into_params(parameter_in = Query)]
+struct RevokeQuery {
+    /// Also stop every sandbox the key's principal created (end reason `quota_revoked`);
+    /// the answer's `stopped_sandboxes` lists them.
+    stop_sandboxes: Option<bool>,
+}
+
 /// Revoke a key by `key_id` (hash prefix) or the key itself; admin only.
 #[utoipa::path(delete, path = "/v1/keys/{id}", tag = "iam", operation_id = "revokeKey",
-    params(KeyPath),
+    params(KeyPath, RevokeQuery),
     responses(
         (status = 200, description = "Revoked", body = RevokedKey),
         (status = "default", description = ERRORS, body = ErrorBody),

@@ -240,7 +240,55 @@ fn samples() -> BTreeMap<&'static str, Vec<Value>> {
     ] {
         add("SandboxState", ser(v));
     }
-    add("SandboxInfo", ser(SandboxInfo::default()));
+    add(
+        "SandboxInfo",
+        ser(SandboxInfo {
+            end_reason: Some(EndReason::TtlIdle),
+            end_detail: some_s(),
+            ..Default::default()
+        }),
+    );
+    for r in EndReason::ALL {
+        add("EndReason", ser(r));
+    }
+    add(
+        "SnapshotRequest",
+        ser(SnapshotRequest {
+            name: some_s(),
+            memory: false,
+        }),
+    );
+    let snapshot = SnapshotInfo {
+        id: "snapshot/x".into(),
+        sandbox: "sb".into(),
+        node: "n".into(),
+        step: Some(1),
+        image: image_info(),
+        snapshot_ms: 1.0,
+    };
+    add("SnapshotInfo", ser(snapshot.clone()));
+    add(
+        "ForkRequest",
+        ser(ForkRequest {
+            n: 2,
+            labels: Default::default(),
+            snapshot_name: some_s(),
+        }),
+    );
+    let failure = ForkFailure {
+        index: 1,
+        error: error_detail(),
+    };
+    add("ForkFailure", ser(failure.clone()));
+    add(
+        "ForkResult",
+        ser(ForkResult {
+            snapshot,
+            children: vec![],
+            failed: vec![failure],
+            duration_ms: 1.0,
+        }),
+    );
     add("PauseReport", ser(PauseReport::default()));
     add("LabelSelector", ser(LabelSelector::default()));
     add(
@@ -646,6 +694,8 @@ fn request_bodies_refuse_unknown_fields_as_the_server_does() {
         "NetworkRule",
         "LabelSelector",
         "PackDiffRequest",
+        "SnapshotRequest",
+        "ForkRequest",
         "FunctionCallRequest",
         "FunctionBatchRequest",
         "Quota",

@@ -21,7 +21,12 @@ pub enum KeyCommand {
         quiet: bool,
     },
     /// Revoke a key by its key_id (or the key itself).
-    Revoke { key_id: String },
+    Revoke {
+        key_id: String,
+        /// Also stop every sandbox the key's principal created (end reason `quota_revoked`).
+        #[arg(long)]
+        stop_sandboxes: bool,
+    },
 }
 
 pub async fn key(c: &Client, cmd: KeyCommand) -> anyhow::Result<()> {
@@ -48,11 +53,16 @@ pub async fn key(c: &Client, cmd: KeyCommand) -> anyhow::Result<()> {
                 super::print_json(&k)
             }
         }
-        KeyCommand::Revoke { key_id } => {
-            let r = c
-                .revoke_key(&key_id)
-                .await
-                .with_context(|| format!("revoke key {key_id}"))?;
+        KeyCommand::Revoke {
+            key_id,
+            stop_sandboxes,
+        } => {
+            let r = if stop_sandboxes {
+                c.revoke_key_and_stop(&key_id).await
+            } else {
+                c.revoke_key(&key_id).await
+            };
+            let r = r.with_context(|| format!("revoke key {key_id}"))?;
             super::print_json(&r)
         }
     }

@@ -11,6 +11,7 @@ pub mod pause;
 pub mod project;
 pub mod sandbox;
 pub mod shell;
+pub mod snapshot;
 pub mod top;
 pub mod trajectory;
 pub mod vm;

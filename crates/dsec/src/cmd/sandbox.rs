@@ -84,10 +84,26 @@ pub struct PsArgs {
     /// Print JSON for scripts.
     #[arg(long)]
     pub json: bool,
+    /// Also list ended sandboxes the nodes remember, with their end reason.
+    #[arg(long, short = 'a')]
+    pub ended: bool,
+    /// Only ended sandboxes that ended for this reason (e.g. `ttl_idle`, `node_lost`).
+    #[arg(long)]
+    pub end_reason: Option<dsec_wire::api::EndReason>,
 }
 
 pub async fn ps(c: &Client, a: PsArgs) -> anyhow::Result<()> {
-    let list = c.list().await.context("list sandboxes")?;
+    let with_ended = a.ended || a.end_reason.is_some();
+    let list = if with_ended {
+        c.list_with(&dsec_wire::api::ListSandboxesQuery {
+            ended: Some(true),
+            end_reason: a.end_reason,
+        })
+        .await
+    } else {
+        c.list().await
+    }
+    .context("list sandboxes")?;
     if a.json {
         return super::print_json(&list);
     }
@@ -108,27 +124,30 @@ pub async fn ps(c: &Client, a: PsArgs) -> anyhow::Result<()> {
                 super::pause::idle_ttl_column(s),
                 super::pause::total_ttl_column(s),
                 s.created_at.clone(),
+                s.end_reason.map_or("-".to_string(), |r| r.to_string()),
             ]
         })
         .collect();
     rows.sort_by(|a, b| a[8].cmp(&b[8]));
-    print!(
-        "{}",
-        crate::table::render(
-            &[
-                "ID",
-                "STATE",
-                "IMAGE",
-                "NODE",
-                "MEMORY",
-                "CPUS",
-                "IDLE/TTL",
-                "TTL_TOTAL",
-                "CREATED"
-            ],
-            &rows
-        )
-    );
+    let mut header = vec![
+        "ID",
+        "STATE",
+        "IMAGE",
+        "NODE",
+        "MEMORY",
+        "CPUS",
+        "IDLE/TTL",
+        "TTL_TOTAL",
+        "CREATED",
+    ];
+    if with_ended {
+        header.push("END_REASON");
+    } else {
+        for r in &mut rows {
+            r.pop();
+        }
+    }
+    print!("{}", crate::table::render(&header, &rows));
     Ok(())
 }
 

@@ -82,6 +82,7 @@ pub fn router(mgr: Arc<Manager>, token: &str) -> Router {
         .route(&format!("{sb}/resume"), post(pause::resume))
         .route("/edge/v1/jobs/{op}", post(pause::job))
         .route(&format!("{sb}/pack_diff"), post(pack::pack_diff))
+        .route(&format!("{sb}/snapshot"), post(pack::snapshot))
         .route("/edge/v1/images", get(images::list))
         .route(
             "/edge/v1/images/{*name}",

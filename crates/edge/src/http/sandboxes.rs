@@ -8,11 +8,12 @@ use axum::http::{header, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 use dsec_wire::api::{
-    CreateSandboxRequest, ExecRequest, RunShellRequest, SandboxInfo, SandboxList,
+    CreateSandboxRequest, EndReason, ExecRequest, ListSandboxesQuery, RunShellRequest, SandboxInfo,
+    SandboxList,
 };
 use futures::StreamExt as _;
 
-use super::{ApiJson, ApiPath, AppState};
+use super::{ApiJson, ApiPath, ApiQuery, AppState};
 use crate::commands::CommandReply;
 use crate::error::EdgeError;
 
@@ -23,8 +24,20 @@ pub async fn create(
     Ok((StatusCode::CREATED, Json(s.mgr.create(req).await?)))
 }
 
-pub async fn list(State(s): State<AppState>) -> Json<SandboxList> {
-    Json(s.mgr.list())
+pub async fn list(
+    State(s): State<AppState>,
+    ApiQuery(q): ApiQuery<ListSandboxesQuery>,
+) -> Json<SandboxList> {
+    Json(s.mgr.list(&q))
+}
+
+/// Query of the edge's `DELETE /edge/v1/sandboxes/{id}`: the apiserver names why it stops a
+/// sandbox (e.g. `quota_revoked`); without one it is `stopped_by_user`.
+#[derive(Debug, Default, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct StopQuery {
+    #[serde(default)]
+    pub end_reason: Option<EndReason>,
 }
 
 pub async fn get(
@@ -37,8 +50,9 @@ pub async fn get(
 pub async fn stop(
     State(s): State<AppState>,
     ApiPath(id): ApiPath<String>,
+    ApiQuery(q): ApiQuery<StopQuery>,
 ) -> Result<Json<SandboxInfo>, EdgeError> {
-    Ok(Json(s.mgr.stop(&id).await?))
+    Ok(Json(s.mgr.stop(&id, q.end_reason).await?))
 }
 
 pub async fn shell(

@@ -5,6 +5,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
 use dsec_runtime::substrate::{CreateOptions, ImageSource, LiveSandbox, SandboxSpec};
+use dsec_wire::api::EndReason;
 use dsec_wire::api::{CreateSandboxRequest, SandboxInfo, SandboxState};
 use dsec_wire::id::make_sandbox_id;
 use tokio::sync::OnceCell;
@@ -69,7 +70,10 @@ impl Manager {
                 if self.shutting_down.load(Ordering::SeqCst) {
                     // Shutdown began while this create ran: do not leave it behind.
                     let ended = self
-                        .finish(&entry, End::Stopped("the edge shut down".into()))
+                        .finish(
+                            &entry,
+                            End::Stopped(EndReason::Preempted, "the edge shut down".into()),
+                        )
                         .await;
                     return Err(EdgeError::Unavailable(format!(
                         "node {} shut down while sandbox {} was being created; it was {:?}",

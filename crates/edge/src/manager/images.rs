@@ -55,6 +55,32 @@ impl Manager {
         .await
     }
 
+    /// Snapshots a container's files into an image (see [`crate::snapshot`]).
+    pub async fn snapshot(
+        &self,
+        id: &str,
+        req: dsec_wire::api::SnapshotRequest,
+    ) -> Result<dsec_wire::api::SnapshotInfo, EdgeError> {
+        crate::snapshot::check(&req)?;
+        let started = std::time::Instant::now();
+        let name = crate::snapshot::name_for(id, &req, dsec_node::now_ms());
+        let step = self
+            .traj
+            .last_step(id)
+            .ok()
+            .and_then(|l| l.last_completed_step);
+        let request = serde_json::to_value(&req).unwrap_or_default();
+        let made = self
+            .pack_diff(id, crate::snapshot::pack_request(&name))
+            .await
+            .map(|image| crate::snapshot::info(id, &self.cfg.node_id, step, image, started));
+        let result = made.as_ref().map(
+            |s| serde_json::json!({ "id": s.id, "step": s.step, "snapshot_ms": s.snapshot_ms }),
+        );
+        self.traj.note(id, "snapshot", request, result);
+        made
+    }
+
     /// The node's image store.
     pub fn image_store(&self) -> &Arc<ImageStore> {
         &self.images

@@ -4,6 +4,7 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Instant;
 
+use dsec_wire::api::EndReason;
 use dsec_wire::api::{ErrorDetail, JobOpFailure, JobOpResult, LabelSelector};
 
 use crate::error::EdgeError;
@@ -68,8 +69,14 @@ impl Manager {
                         self.resume_entry(&e).await
                     }
                     JobOp::Stop => {
-                        self.finish(&e, End::Stopped("stopped by a job operation".into()))
-                            .await;
+                        self.finish(
+                            &e,
+                            End::Stopped(
+                                EndReason::StoppedByUser,
+                                "stopped by a job operation".into(),
+                            ),
+                        )
+                        .await;
                         Ok(())
                     }
                 };

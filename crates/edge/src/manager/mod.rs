@@ -40,6 +40,7 @@ use std::time::Instant;
 use dsec_image::{ImageLease, ImageStore};
 use dsec_runtime::aether_client::AetherClient;
 use dsec_runtime::substrate::LiveSandbox;
+use dsec_wire::api::EndReason;
 use dsec_wire::api::{NodeStatus, SandboxInfo, SandboxList, SandboxState, Substrate};
 use dsec_wire::id::is_valid_sandbox_id;
 use tokio::sync::OnceCell;
@@ -107,7 +108,7 @@ impl std::ops::Deref for Busy {
 /// How a sandbox ended.
 #[derive(Debug, Clone)]
 enum End {
-    Stopped(String),
+    Stopped(EndReason, String),
     Died,
 }
 
@@ -291,11 +292,12 @@ impl Manager {
         }
         match st.tombstones.get(id) {
             Some(t) => Err(EdgeError::SandboxDead(format!(
-                "sandbox {id} is {}: {}",
+                "sandbox {id} is {}{}: {}",
                 serde_json::to_value(t.state)
                     .ok()
                     .and_then(|v| v.as_str().map(str::to_string))
                     .unwrap_or_default(),
+                t.end_reason.map(|r| format!(" ({r})")).unwrap_or_default(),
                 t.reason.as_deref().unwrap_or("ended")
             ))),
             None => Err(EdgeError::SandboxNotFound(id.to_string())),
@@ -342,9 +344,28 @@ impl Manager {
         }
     }
 
-    pub fn list(&self) -> SandboxList {
-        let entries: Vec<Arc<Entry>> = lock(&self.state).live.values().cloned().collect();
+    /// The live sandboxes (and with `q.ended`/`q.end_reason` the remembered ended ones).
+    pub fn list(&self, q: &dsec_wire::api::ListSandboxesQuery) -> SandboxList {
+        let (entries, ended): (Vec<Arc<Entry>>, Vec<SandboxInfo>) = {
+            let st = lock(&self.state);
+            let ended = if crate::end_reason::wants_ended(q) {
+                st.tombstones
+                    .values()
+                    .filter(|t| crate::end_reason::matches(q, t))
+                    .cloned()
+                    .collect()
+            } else {
+                Vec::new()
+            };
+            let live = if q.end_reason.is_some() {
+                Vec::new()
+            } else {
+                st.live.values().cloned().collect()
+            };
+            (live, ended)
+        };
         let mut sandboxes: Vec<SandboxInfo> = entries.iter().map(|e| e.info()).collect();
+        sandboxes.extend(ended);
         sandboxes.sort_by(|a, b| a.created_at.cmp(&b.created_at).then(a.id.cmp(&b.id)));
         SandboxList { sandboxes }
     }
@@ -511,7 +532,7 @@ pub(crate) mod tests {
             m.get("sb-n0-0000000000000001").unwrap_err().code(),
             "sandbox_not_found"
         );
-        assert!(m.list().sandboxes.is_empty());
+        assert!(m.list(&Default::default()).sandboxes.is_empty());
     }
 
     #[test]

@@ -1,6 +1,7 @@
 //! What the TTL reaper and the node's policies (QoS sampler, reclaim) see of the sandboxes
 //! and may do to them.
 
+use dsec_wire::api::EndReason;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
@@ -118,9 +119,10 @@ impl crate::ttl::Reapable for Manager {
     fn stop_because<'a>(
         &'a self,
         id: &'a str,
+        end: EndReason,
         reason: String,
     ) -> dsec_runtime::substrate::BoxFut<'a, ()> {
-        Box::pin(Manager::stop_because(self, id, reason))
+        Box::pin(Manager::stop_because(self, id, end, reason))
     }
 
     fn pause_idle<'a>(

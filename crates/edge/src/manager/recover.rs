@@ -6,6 +6,7 @@ use std::sync::atomic::AtomicU64;
 use std::sync::{Arc, Mutex};
 
 use dsec_runtime::substrate::ImageSource;
+use dsec_wire::api::EndReason;
 use dsec_wire::api::{SandboxInfo, SandboxState};
 use dsec_wire::id::is_valid_sandbox_id;
 use tokio::sync::OnceCell;
@@ -97,9 +98,12 @@ impl Manager {
                 },
             };
             info.state = SandboxState::Failed;
-            info.reason = Some(format!(
-                "lost in a restart of the edge and cleaned up: {why}"
-            ));
+            crate::end_reason::set(
+                &mut info,
+                EndReason::EdgeRestartNotAdopted,
+                format!("lost in a restart of the edge and cleaned up: {why}"),
+            );
+            crate::trajectory::hooks::end(&self.traj, &info);
             self.tombstone(&mut lock(&self.state), info);
             self.metrics.sandboxes_failed.inc();
             reaped.push(f.id);

@@ -5,6 +5,7 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Instant;
 
+use dsec_wire::api::EndReason;
 use dsec_wire::api::{SandboxInfo, SandboxState};
 
 use crate::error::EdgeError;
@@ -92,33 +93,23 @@ impl Manager {
         );
         let mut info = entry.info();
         match &why {
-            End::Stopped(reason) => {
+            End::Stopped(end, reason) => {
                 info.state = SandboxState::Stopped;
-                info.reason = Some(reason.clone());
+                crate::end_reason::set(&mut info, *end, reason.clone());
                 info.paused_at = None;
                 self.metrics.sandboxes_stopped.inc();
             }
             End::Died => {
                 info.state = SandboxState::Failed;
-                let mut reason =
-                    "the sandbox's agent exited unexpectedly (killed from outside or crashed)"
-                        .to_string();
-                if oom_kills > 0 {
-                    reason.push_str(&format!(
-                        "; the memory limit OOM-killed processes {oom_kills} time(s)"
-                    ));
-                }
-                info.reason = Some(reason);
+                let (end, detail) = crate::end_reason::died(oom_kills);
+                crate::end_reason::set(&mut info, end, detail);
                 self.metrics.sandboxes_failed.inc();
             }
         }
         if !problems.is_empty() {
             let p = problems.join("; ");
             tracing::error!(sandbox = %entry.id, problems = %p, "cleanup of sandbox incomplete");
-            info.reason = Some(format!(
-                "{}; cleanup problems: {p}",
-                info.reason.unwrap_or_default()
-            ));
+            crate::end_reason::add_problems(&mut info, &p);
         }
         *lock(&entry.info) = info.clone();
         {
@@ -142,18 +133,20 @@ impl Manager {
     }
 
     /// Stops a sandbox for a reason (TTL reaper).
-    pub(crate) async fn stop_because(&self, id: &str, reason: String) {
+    pub(crate) async fn stop_because(&self, id: &str, end: EndReason, reason: String) {
         if let Ok(e) = self.entry(id) {
-            self.finish(&e, End::Stopped(reason)).await;
+            self.finish(&e, End::Stopped(end, reason)).await;
         }
     }
 
     /// Stops a sandbox; repeating it answers the final info again.
-    pub async fn stop(&self, id: &str) -> Result<SandboxInfo, EdgeError> {
+    /// Stops a sandbox; `end` is the reason the apiserver names (default `stopped_by_user`).
+    pub async fn stop(&self, id: &str, end: Option<EndReason>) -> Result<SandboxInfo, EdgeError> {
         match self.entry(id) {
-            Ok(e) => Ok(self
-                .finish(&e, End::Stopped("stopped on request".into()))
-                .await),
+            Ok(e) => {
+                let (end, detail) = crate::end_reason::requested(end);
+                Ok(self.finish(&e, End::Stopped(end, detail)).await)
+            }
             Err(EdgeError::SandboxDead(_)) => self.get(id),
             Err(e) => Err(e),
         }
@@ -164,9 +157,12 @@ impl Manager {
         self.shutting_down.store(true, Ordering::SeqCst);
         let entries: Vec<Arc<Entry>> = lock(&self.state).live.values().cloned().collect();
         tracing::info!(count = entries.len(), "stopping every sandbox");
-        let stops = entries
-            .iter()
-            .map(|e| self.finish(e, End::Stopped("the edge shut down".into())));
+        let stops = entries.iter().map(|e| {
+            self.finish(
+                e,
+                End::Stopped(EndReason::Preempted, "the edge shut down".into()),
+            )
+        });
         futures::future::join_all(stops).await;
         // Logs closed by those stops are synced by the group commit; do it now, as the
         // background task ends with the process.

@@ -247,7 +247,8 @@ pub fn begin(
     );
 }
 
-/// Records how a sandbox ended (`stop` or `died`) and closes its log.
+/// Records how a sandbox ended (`stop` or `died`, with its `end_reason` and `end_detail`) and
+/// closes its log.
 pub fn end(traj: &Trajectories, info: &dsec_wire::api::SandboxInfo) {
     let kind = if info.state == dsec_wire::api::SandboxState::Failed {
         "died"
@@ -257,7 +258,11 @@ pub fn end(traj: &Trajectories, info: &dsec_wire::api::SandboxInfo) {
     traj.note(
         &info.id,
         kind,
-        json!({"reason": info.reason}),
+        json!({
+            "reason": info.reason,
+            "end_reason": info.end_reason,
+            "end_detail": info.end_detail,
+        }),
         Ok(serde_json::to_value(info).unwrap_or(Value::Null)),
     );
     traj.close(&info.id);

@@ -5,11 +5,13 @@
 //! | method | path | body | answer |
 //! |---|---|---|---|
 //! | POST | `/v1/sandboxes` | [`CreateSandboxRequest`] | 201 [`SandboxInfo`] |
-//! | GET | `/v1/sandboxes` | | [`SandboxList`] |
+//! | GET | `/v1/sandboxes?ended=B&end_reason=R` | | [`SandboxList`] (live ones; ended ones too with `ended`, only those ended for `R` with `end_reason`, see [`ListSandboxesQuery`]) |
 //! | GET | `/v1/sandboxes/{id}` | | [`SandboxInfo`] |
 //! | DELETE | `/v1/sandboxes/{id}` | | [`SandboxInfo`] (state `stopped`) |
 //! | POST | `/v1/sandboxes/{id}/pause` | | [`SandboxInfo`] (state `paused`, `last_pause` memory report) |
 //! | POST | `/v1/sandboxes/{id}/resume` | | [`SandboxInfo`] (state `running`) |
+//! | POST | `/v1/sandboxes/{id}/snapshot` | [`SnapshotRequest`] | 201 [`SnapshotInfo`] (the id is an image name) |
+//! | POST | `/v1/sandboxes/{id}/fork` | [`ForkRequest`] | 201 [`ForkResult`] (207 when some children failed) |
 //! | POST | `/v1/jobs/pause`, `/v1/jobs/resume`, `/v1/jobs/stop` | [`LabelSelector`] | [`JobOpResult`] (every matching sandbox on every node) |
 //! | POST | `/v1/sandboxes/{id}/shell` | [`RunShellRequest`] | [`CommandResult`], or NDJSON [`StreamEvent`]s when `stream` |
 //! | POST | `/v1/sandboxes/{id}/exec` | [`ExecRequest`] | [`CommandResult`], or NDJSON [`StreamEvent`]s when `stream` |
@@ -35,6 +37,7 @@
 //! (authenticated with the node's edge token), plus `GET /edge/v1/status` ([`NodeStatus`]).
 //! Every error is an [`ErrorBody`] with a 4xx (the caller must fix something) or 5xx status.
 
+mod end_reason;
 mod error;
 mod exec;
 mod files;
@@ -42,8 +45,10 @@ mod function;
 mod image;
 mod network;
 mod node;
+mod snapshot;
 mod trajectory;
 
+pub use end_reason::*;
 pub use error::*;
 pub use exec::*;
 pub use files::*;
@@ -51,6 +56,7 @@ pub use function::*;
 pub use image::*;
 pub use network::*;
 pub use node::*;
+pub use snapshot::*;
 pub use trajectory::*;
 
 use std::collections::BTreeMap;
@@ -236,6 +242,25 @@ pub struct SandboxInfo {
     /// was dropped); `None` for containers.
     #[serde(default)]
     pub boot: Option<String>,
+    /// Why the sandbox ended (set once it is `stopped` or `failed`; see [`EndReason`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub end_reason: Option<EndReason>,
+    /// What exactly happened, for people (the reason's details, e.g. an internal error's cause).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub end_detail: Option<String>,
+}
+
+/// Query of `GET /v1/sandboxes`: without `ended`/`end_reason` only live sandboxes are listed.
+#[derive(Debug, Clone, Serialize, Deserialize, Default)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+#[serde(deny_unknown_fields)]
+pub struct ListSandboxesQuery {
+    /// Also list ended sandboxes the nodes still remember (their last few hundred each).
+    #[serde(default)]
+    pub ended: Option<bool>,
+    /// Only ended sandboxes that ended for this reason (implies `ended`).
+    #[serde(default)]
+    pub end_reason: Option<EndReason>,
 }
 
 /// What a pause did: memory before and after, and how it was reclaimed.
