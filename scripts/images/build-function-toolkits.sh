@@ -169,6 +169,12 @@ for n in "${todo[@]}"; do
     # Not needed to run programs, and large.
     rm -rf "$TMP/root/usr/share/doc" "$TMP/root/usr/share/man" "$TMP/root/usr/share/info" \
         "$TMP/root/usr/share/lintian" "$TMP/root/usr/share/locale"
+    if [[ $n == fn-python ]]; then
+        # Pulled in through build-time dependencies (pythran → python3-dev): headers and
+        # static libraries nothing compiles against in a call.
+        rm -rf "$TMP/root/usr/include"
+        find "$TMP/root" -name '*.a' -type f -delete
+    fi
     chmod -R u+rwX,go+rX,go-w "$TMP/root"
     mv "$TMP/root" "$OUT_ROOT/$n"
     rm -rf --one-file-system "$TMP"

@@ -119,7 +119,9 @@ pub fn builtin() -> BTreeMap<String, LanguageSpec> {
         spec(
             None,
             "main.c",
-            &["gcc", "-O2", "-pipe", "-std=c11", "-o", "main", "main.c", "-lm"],
+            &[
+                "gcc", "-O2", "-pipe", "-std=c11", "-o", "main", "main.c", "-lm",
+            ],
             &["./main"],
         ),
         &[],
@@ -129,7 +131,15 @@ pub fn builtin() -> BTreeMap<String, LanguageSpec> {
         spec(
             Some("fn-gxx"),
             "main.cpp",
-            &["g++", "-O2", "-pipe", "-std=c++17", "-o", "main", "main.cpp"],
+            &[
+                "g++",
+                "-O2",
+                "-pipe",
+                "-std=c++17",
+                "-o",
+                "main",
+                "main.cpp",
+            ],
             &["./main"],
         ),
         &["c++", "cxx"],
@@ -196,14 +206,7 @@ pub fn builtin() -> BTreeMap<String, LanguageSpec> {
             Some("fn-node"),
             "main.ts",
             &[
-                "tsc",
-                "--target",
-                "es2020",
-                "--module",
-                "commonjs",
-                "--outDir",
-                ".",
-                "main.ts",
+                "tsc", "--target", "es2020", "--module", "commonjs", "--outDir", ".", "main.ts",
             ],
             &["node", "main.js"],
         ),
@@ -238,7 +241,11 @@ pub fn builtin() -> BTreeMap<String, LanguageSpec> {
         spec(Some("fn-php"), "main.php", &[], &["php", "main.php"]),
         &[],
     );
-    add("perl", spec(None, "main.pl", &[], &["perl", "main.pl"]), &[]);
+    add(
+        "perl",
+        spec(None, "main.pl", &[], &["perl", "main.pl"]),
+        &[],
+    );
     add(
         "ruby",
         spec(Some("fn-ruby"), "main.rb", &[], &["ruby", "main.rb"]),
@@ -356,7 +363,11 @@ pub fn java_class(code: &str) -> String {
 /// The plan for a call in the table language `sp` with `code` and program `args`.
 pub fn plan_for(sp: &LanguageSpec, code: &str, args: &[String]) -> Plan {
     let class = if sp.file.contains("{class}")
-        || sp.compile.iter().chain(&sp.run).any(|a| a.contains("{class}"))
+        || sp
+            .compile
+            .iter()
+            .chain(&sp.run)
+            .any(|a| a.contains("{class}"))
     {
         java_class(code)
     } else {
@@ -456,7 +467,10 @@ mod tests {
             java_class("import x;\npublic final class Solution { }"),
             "Solution"
         );
-        assert_eq!(java_class("public class Foo{public static void main"), "Foo");
+        assert_eq!(
+            java_class("public class Foo{public static void main"),
+            "Foo"
+        );
         assert_eq!(java_class("class Hidden {}"), "Main");
         let l = Languages::builtin();
         let p = plan_for(l.get("java").unwrap(), "public class Hello {}", &[]);

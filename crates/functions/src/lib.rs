@@ -575,7 +575,8 @@ fn call_path_ok(path: &str) -> bool {
         }
         None => path,
     };
-    rel.split('/').all(|c| !c.is_empty() && c != "." && c != "..")
+    rel.split('/')
+        .all(|c| !c.is_empty() && c != "." && c != "..")
 }
 
 struct Prepared {

@@ -112,8 +112,7 @@ impl Pool {
         // The wait is bounded: a call still queued after `queue_wait_s` is refused (it did
         // not run) with the same retry hint as a full queue.
         let bound = Duration::from_secs_f64(self.cfg.queue_wait_s);
-        let permit = match tokio::time::timeout(bound, self.slots.clone().acquire_owned()).await
-        {
+        let permit = match tokio::time::timeout(bound, self.slots.clone().acquire_owned()).await {
             Ok(p) => p.map_err(|_| {
                 FunctionError::Unavailable("the function pool is shutting down".into())
             })?,

@@ -171,7 +171,10 @@ pub fn parse_run_code(body: &[u8]) -> Result<Parsed, RunCodeRequestError> {
             .iter()
             .map(|x| match x {
                 Value::String(s) => Ok(s.clone()),
-                _ => Err(field_err("fetch_files", "must be a list of paths (strings)")),
+                _ => Err(field_err(
+                    "fetch_files",
+                    "must be a list of paths (strings)",
+                )),
             })
             .collect::<Result<Vec<_>, _>>()?,
         Some(_) => return Err(field_err("fetch_files", "must be a list of paths")),
@@ -290,11 +293,7 @@ async fn check_key(st: &AppState, key: &str) -> Result<(), Response> {
 }
 
 /// `POST /sandboxfusion/{key}/run_code`.
-pub async fn run_code(
-    State(st): State<AppState>,
-    Path(key): Path<String>,
-    body: Body,
-) -> Response {
+pub async fn run_code(State(st): State<AppState>, Path(key): Path<String>, body: Body) -> Response {
     if let Err(r) = check_key(&st, &key).await {
         return r;
     }
@@ -340,13 +339,14 @@ async fn forward_call(st: &AppState, parsed: &Parsed) -> Result<Response, ApiErr
     let status = resp.status();
     let retry_after = resp.headers().get(header::RETRY_AFTER).cloned();
     let bytes = resp.bytes().await.map_err(|e| {
-        ApiError::NodeUnavailable(format!("edge: reading a function call's answer failed: {e}"))
+        ApiError::NodeUnavailable(format!(
+            "edge: reading a function call's answer failed: {e}"
+        ))
     })?;
     if status != reqwest::StatusCode::OK {
         // The edge's error (400 naming what to fix, 429 with its retry hint, ...) unchanged.
         let mut r = Response::new(Body::from(bytes));
-        *r.status_mut() =
-            StatusCode::from_u16(status.as_u16()).unwrap_or(StatusCode::BAD_GATEWAY);
+        *r.status_mut() = StatusCode::from_u16(status.as_u16()).unwrap_or(StatusCode::BAD_GATEWAY);
         r.headers_mut().insert(
             header::CONTENT_TYPE,
             HeaderValue::from_static("application/json"),
@@ -400,10 +400,14 @@ mod tests {
         assert!(err(r#"{"language":"python"}"#).contains("`code`"));
         assert!(err(r#"{"code":"x"}"#).contains("`language`"));
         assert!(err(r#"{"code":1,"language":"python"}"#).contains("`code`"));
-        assert!(err(r#"{"code":"","language":"python","run_timeout":"x"}"#).contains("`run_timeout`"));
+        assert!(
+            err(r#"{"code":"","language":"python","run_timeout":"x"}"#).contains("`run_timeout`")
+        );
         assert!(err(r#"{"code":"","language":"python","run_timeout":0}"#).contains("`run_timeout`"));
         assert!(err(r#"{"code":"","language":"python","files":{"a":1}}"#).contains("`files.a`"));
-        assert!(err(r#"{"code":"","language":"python","fetch_files":"a"}"#).contains("`fetch_files`"));
+        assert!(
+            err(r#"{"code":"","language":"python","fetch_files":"a"}"#).contains("`fetch_files`")
+        );
         assert!(err(r#"{"code":"","language":"python","stdin":3}"#).contains("`stdin`"));
         assert!(err("[1]").contains("JSON object"));
         assert!(err("{").contains("not valid JSON"));
@@ -454,7 +458,10 @@ mod tests {
             10.0,
         );
         let rr = tle.run_result.unwrap();
-        assert_eq!((tle.status, rr.status, rr.return_code), ("Failed", "TimeLimitExceeded", None));
+        assert_eq!(
+            (tle.status, rr.status, rr.return_code),
+            ("Failed", "TimeLimitExceeded", None)
+        );
 
         let ce = run(FunctionStatus::CompileError, 1);
         let compile_failed = to_run_code(
@@ -480,7 +487,10 @@ mod tests {
             },
             2.0,
         );
-        assert_eq!(compile_tle.compile_result.unwrap().status, "TimeLimitExceeded");
+        assert_eq!(
+            compile_tle.compile_result.unwrap().status,
+            "TimeLimitExceeded"
+        );
 
         let big = to_run_code(
             FunctionCallResult {
