@@ -135,6 +135,20 @@ fixups() {
     rm -rf "$r/.ctl"
 }
 
+# The image has merged /usr (/bin, /lib, ... are symbolic links into /usr): a package's files
+# under /lib or /bin go into usr/, or the layer's real directory would hide the image's link
+# (and with it the dynamic loader).
+merge_usr() {
+    local r="$1" d
+    for d in bin sbin lib lib32 lib64 libx32; do
+        if [[ -d "$r/$d" && ! -L "$r/$d" ]]; then
+            mkdir -p "$r/usr/$d"
+            cp -a "$r/$d/." "$r/usr/$d/"
+            rm -rf "$r/$d"
+        fi
+    done
+}
+
 for n in "${todo[@]}"; do
     started=$(date +%s)
     log "$n: resolving and downloading ${PKGS[$n]}"
@@ -166,6 +180,7 @@ for n in "${todo[@]}"; do
         count=$((count + 1))
     done
     fixups "$n" "$TMP/root"
+    merge_usr "$TMP/root"
     # Not needed to run programs, and large.
     rm -rf "$TMP/root/usr/share/doc" "$TMP/root/usr/share/man" "$TMP/root/usr/share/info" \
         "$TMP/root/usr/share/lintian" "$TMP/root/usr/share/locale"
