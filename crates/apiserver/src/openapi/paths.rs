@@ -690,6 +690,8 @@ pub fn sandboxfusion_run_code() {}
     security(()),
     params(("key" = String, Path, description = "API key (`dsk_...`)")),
     responses(
+        (status = 200, description = "SandboxFusion RunJupyterResponse (not offered by this \
+            build: every call answers 501)", body = Object),
         (status = 501, description = "`unsupported`", body = ErrorBody),
         (status = "default", description = ERRORS, body = ErrorBody),
     ))]

@@ -167,7 +167,7 @@ pub struct FunctionCallResult {
     /// Time spent waiting for a worker, in ms.
     pub queue_ms: f64,
     /// `fetch_files` that existed after the run: path → base64 content.
-    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    #[serde(default)]
     pub files: BTreeMap<String, String>,
 }
 
