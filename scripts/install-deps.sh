@@ -68,6 +68,14 @@ if [[ "$("$PY" -m pyflakes --version 2>/dev/null | awk '{print $1}')" != "$PYFLA
         || "$PY" -m pip install -q --break-system-packages "pyflakes==$PYFLAKES_VERSION"
 fi
 
+# SandboxFusion's client package, unmodified, drives tests/test_sandboxfusion.py: pinned.
+SANDBOX_FUSION_VERSION=0.3.7
+if [[ "$("$PY" -c 'from importlib.metadata import version; print(version("sandbox-fusion"))' 2>/dev/null)" != "$SANDBOX_FUSION_VERSION" ]]; then
+    echo "[dsec] installing sandbox-fusion $SANDBOX_FUSION_VERSION"
+    "$PY" -m pip install -q "sandbox-fusion==$SANDBOX_FUSION_VERSION" 2>/dev/null \
+        || "$PY" -m pip install -q --break-system-packages "sandbox-fusion==$SANDBOX_FUSION_VERSION"
+fi
+
 # Checks of the deployment files (tests/test_deploy.py): pinned, like the Kubernetes version
 # the manifests are validated against.
 DEPLOY_TOOLS=(yamllint==1.38.0 kubernetes-validate==1.37.0)

@@ -17,6 +17,7 @@
 //! ```
 
 pub mod auth;
+pub mod compat;
 pub mod config;
 pub mod create;
 pub mod db;

@@ -14,6 +14,7 @@ pub struct Metrics {
     pub placement_refusals: IntCounter,
     pub edge_refusals: IntCounter,
     pub overflow_placements: IntCounter,
+    pub sandboxfusion_unauthorized: IntCounter,
 }
 
 fn counter(name: &str, help: &str) -> IntCounter {
@@ -71,6 +72,10 @@ impl Metrics {
             "dsec_api_overflow_placements_total",
             "Sandboxes sent to the overflow pool",
         );
+        let sandboxfusion_unauthorized = counter(
+            "dsec_api_sandboxfusion_unauthorized_total",
+            "SandboxFusion-compatible calls refused for a missing or invalid key in the URL",
+        );
         for c in [
             Box::new(requests.clone()) as Box<dyn prometheus::core::Collector>,
             Box::new(forward_seconds.clone()),
@@ -80,6 +85,7 @@ impl Metrics {
             Box::new(placement_refusals.clone()),
             Box::new(edge_refusals.clone()),
             Box::new(overflow_placements.clone()),
+            Box::new(sandboxfusion_unauthorized.clone()),
         ] {
             registry.register(c).expect("metric registered once");
         }
@@ -93,6 +99,7 @@ impl Metrics {
             placement_refusals,
             edge_refusals,
             overflow_placements,
+            sandboxfusion_unauthorized,
         }
     }
 

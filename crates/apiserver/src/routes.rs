@@ -151,6 +151,17 @@ pub fn public_routes() -> Routes {
         .on(Get, "/openapi.json", openapi)
         .on(Get, "/healthz", || async { "ok\n" })
         .on(Get, "/metrics", metrics)
+        // SandboxFusion-compatible (issue 20): the API key is in the path.
+        .on(
+            Post,
+            "/sandboxfusion/{key}/run_code",
+            crate::compat::sandboxfusion::run_code,
+        )
+        .on(
+            Post,
+            "/sandboxfusion/{key}/run_jupyter",
+            crate::compat::sandboxfusion::run_jupyter,
+        )
 }
 
 /// Builds the whole router.

@@ -292,16 +292,17 @@ class Call:
             os.environ.clear()
             os.environ.update(self.env)
             ENV = dict(self.env)
-        for rel, b64 in begin.get("files", {}).items():
-            parts = [x for x in rel.split("/") if x not in ("", ".")]
-            if not parts or ".." in parts:
+        for name, b64 in begin.get("files", {}).items():
+            placed = call_path(name, self.scratch)
+            if placed is None:
                 continue
+            base, parts = placed
             for i in range(1, len(parts)):
-                d = os.path.join(self.scratch, *parts[:i])
+                d = os.path.join(base, *parts[:i])
                 if not os.path.isdir(d):
                     os.mkdir(d, 0o755)
                     os.chown(d, NOBODY, NOBODY)
-            p = os.path.join(self.scratch, *parts)
+            p = os.path.join(base, *parts)
             with open(p, "wb") as f:
                 f.write(base64.b64decode(b64))
             os.chown(p, NOBODY, NOBODY)
@@ -315,6 +316,68 @@ class Call:
             return not os.listdir(self.scratch)
         except OSError:
             return False
+
+
+def call_path(name, scratch):
+    """(base dir, components) of a call's file: relative to the scratch dir, or absolute under
+    one of the wiped dirs; None for anything else."""
+    base = scratch
+    if name.startswith("/"):
+        base = next((d for d in WIPE if name.startswith(d + "/")), None)
+        if base is None:
+            return None
+        name = name[len(base) + 1:]
+    parts = [x for x in name.split("/") if x not in ("", ".")]
+    if not parts or ".." in parts:
+        return None
+    return base, parts
+
+
+FETCH_LIMIT = 64 << 20  # bytes fetched back per call, in total
+
+
+def fetch(names, scratch):
+    """The files named, read after the runs: name -> base64. A file is read only if no
+    component of its path is a symbolic link (the program could point one anywhere) and it
+    is a regular file; missing ones are left out."""
+    out, total = {}, 0
+    for name in names:
+        placed = call_path(name, scratch)
+        if placed is None:
+            continue
+        base, parts = placed
+        p, ok = base, True
+        for c in parts:
+            p = os.path.join(p, c)
+            try:
+                st = os.lstat(p)
+            except OSError:
+                ok = False
+                break
+            if stat_is_link(st.st_mode):
+                ok = False
+                break
+        if not ok or not stat_is_reg(st.st_mode) or total + st.st_size > FETCH_LIMIT:
+            continue
+        try:
+            fd = os.open(p, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+        except OSError:
+            continue
+        try:
+            data = os.read(fd, st.st_size + 1)[: st.st_size] if st.st_size else b""
+        finally:
+            os.close(fd)
+        total += len(data)
+        out[name] = base64.b64encode(data).decode()
+    return out
+
+
+def stat_is_link(mode):
+    return (mode & 0o170000) == 0o120000
+
+
+def stat_is_reg(mode):
+    return (mode & 0o170000) == 0o100000
 
 
 def serve(req, state, conn):
@@ -348,16 +411,24 @@ def serve(req, state, conn):
         failed = res["exit"] != 0 or res["signal"] is not None or res["timed_out"]
         if failed and req.get("stop_on_fail"):
             break
+    files = {}
+    if req.get("fetch"):
+        # Nothing of the call may still run while its files are read back (it could swap a
+        # directory for a symbolic link between the checks and the read).
+        if early:
+            clean = kill_everything() and clean
+        files = fetch(req["fetch"], call.scratch)
     if early:
         # The answer now; the cleanup's outcome in a second frame.
-        send_msg(conn, {"results": results, "clean": clean, "pending": True})
+        send_msg(conn, {"results": results, "clean": clean, "pending": True, "files": files})
         clean = kill_everything() and clean
     if req.get("end"):
         clean = call.finish() and clean
         state["call"] = None
     if early:
         return {"results": [], "clean": clean, "survivors": [] if clean else survivors()}
-    return {"results": results, "clean": clean, "survivors": [] if clean else survivors()}
+    return {"results": results, "clean": clean, "survivors": [] if clean else survivors(),
+            "files": files}
 
 
 def main():

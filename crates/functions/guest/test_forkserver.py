@@ -73,3 +73,25 @@ def test_read_fd_is_bounded_and_reports_the_whole_size(tmp_path):
         assert forkserver.read_fd(fd, 100) == (b"0123456789", 10)
     finally:
         os.close(fd)
+
+
+def test_call_paths_are_relative_or_under_the_wiped_dirs(tmp_path, monkeypatch):
+    monkeypatch.setattr(forkserver, "WIPE", ["/tmp"])
+    s = str(tmp_path)
+    assert forkserver.call_path("a/b.txt", s) == (s, ["a", "b.txt"])
+    assert forkserver.call_path("/tmp/x/y", s) == ("/tmp", ["x", "y"])
+    assert forkserver.call_path("/etc/passwd", s) is None
+    assert forkserver.call_path("/tmpx/y", s) is None
+    assert forkserver.call_path("../up", s) is None
+
+
+def test_fetch_reads_regular_files_and_skips_links_and_missing(tmp_path):
+    s = str(tmp_path)
+    (tmp_path / "out").mkdir()
+    (tmp_path / "out" / "r.bin").write_bytes(b"\x00\x01abc")
+    (tmp_path / "secret").write_text("no")
+    os.symlink(str(tmp_path / "secret"), str(tmp_path / "link"))
+    os.symlink(str(tmp_path / "out"), str(tmp_path / "dirlink"))
+    got = forkserver.fetch(["out/r.bin", "link", "dirlink/r.bin", "missing", "out"], s)
+    import base64
+    assert got == {"out/r.bin": base64.b64encode(b"\x00\x01abc").decode()}

@@ -73,6 +73,15 @@ pub struct FunctionConfig {
     pub recycle_after: u64,
     /// Most calls in one batch.
     pub max_batch: usize,
+    /// Longest a call waits in the queue for a worker, in seconds; past it the call is
+    /// refused (429 with a retry hint) without having run.
+    pub queue_wait_s: f64,
+    /// Where toolkit layers of the language table are found when the image store lacks
+    /// them (`scripts/images/build-function-toolkits.sh` builds them there): `DIR/NAME` is
+    /// imported as image NAME on first use.
+    pub toolkit_dir: PathBuf,
+    /// Languages added to (or replacing) the built-in table, by name.
+    pub languages: BTreeMap<String, languages::LanguageSpec>,
 }
 
 impl Default for FunctionConfig {
@@ -94,6 +103,9 @@ impl Default for FunctionConfig {
             compile_timeout_s: 30.0,
             recycle_after: 0,
             max_batch: 10_000,
+            queue_wait_s: 60.0,
+            toolkit_dir: PathBuf::from("/var/cache/dsec/function-toolkits"),
+            languages: BTreeMap::new(),
         }
     }
 }
@@ -125,6 +137,10 @@ impl FunctionConfig {
                 "must be > 0 and <= max_timeout_s",
             );
         }
+        if !(self.queue_wait_s.is_finite() && self.queue_wait_s > 0.0) {
+            return Err("functions.queue_wait_s: must be > 0".into());
+        }
+        languages::Languages::new(&self.languages).map_err(|e| e.to_string())?;
         Ok(())
     }
 }
@@ -184,6 +200,9 @@ pub struct Functions {
     cfg: Arc<FunctionConfig>,
     factory: Arc<WorkerFactory>,
     pools: Mutex<HashMap<PoolKey, Arc<Pool>>>,
+    languages: languages::Languages,
+    /// Held while a toolkit layer is imported from `toolkit_dir` (one import at a time).
+    toolkit_import: tokio::sync::Mutex<()>,
 }
 
 const B64: base64::engine::GeneralPurpose = base64::engine::general_purpose::STANDARD;
@@ -203,8 +222,14 @@ impl Functions {
                 tracing::warn!(dir = %dir.display(), error = %e, "remove stale function workers");
             }
         }
+        let langs = languages::Languages::new(&cfg.languages).unwrap_or_else(|e| {
+            tracing::warn!(error = %e, "function language table: using the built-in one");
+            languages::Languages::builtin()
+        });
         let cfg = Arc::new(cfg);
         let me = Arc::new(Functions {
+            languages: langs,
+            toolkit_import: tokio::sync::Mutex::new(()),
             factory: Arc::new(WorkerFactory {
                 substrate: Arc::new(substrate),
                 images,
@@ -258,7 +283,21 @@ impl Functions {
         &self,
         req: FunctionCallRequest,
     ) -> Result<FunctionCallResult, FunctionError> {
-        let prepared = self.prepare(&req)?;
+        let mut prepared = self.prepare(&req)?;
+        if let Some((toolkit, optional)) = prepared.toolkit.take() {
+            if self.ensure_toolkit(&toolkit).await? {
+                prepared.key.toolkits.push(toolkit);
+            } else if !optional {
+                return Err(FunctionError::BadRequest(format!(
+                    "language {:?} needs the toolkit {toolkit:?}, which this node does not have \
+                     (build it with scripts/images/build-function-toolkits.sh into {}); \
+                     this node runs: {}",
+                    req.language,
+                    self.cfg.toolkit_dir.display(),
+                    self.runnable_languages().join(", ")
+                )));
+            }
+        }
         let pool = self.pool(prepared.key.clone());
         let mut lent = pool.acquire().await?;
         let started = Instant::now();
@@ -267,6 +306,7 @@ impl Functions {
         let mut result = out.result;
         result.worker = lent.worker.id.clone();
         result.queue_ms = lent.queue_ms;
+        result.files = out.files;
         match out.health {
             Health::Known(healthy) => pool.release(lent, healthy, started.elapsed()),
             // The answer goes out now; the worker goes back to the pool (or is replaced) once
@@ -339,8 +379,25 @@ impl Functions {
     }
 
     fn prepare(&self, req: &FunctionCallRequest) -> Result<Prepared, FunctionError> {
-        let language = languages::canonical(&req.language)?;
-        let plan = languages::plan(language, &req.args, &req.command)?;
+        let Some(language) = self.languages.canonical(&req.language) else {
+            return Err(FunctionError::BadRequest(format!(
+                "unknown language {:?}: this node runs {} (more are added in the config file's \
+                 [edge.functions.languages])",
+                req.language,
+                self.runnable_languages().join(", ")
+            )));
+        };
+        let (plan, toolkit) = match self.languages.get(language) {
+            Some(sp) => (
+                languages::plan_for(sp, &req.code, &req.args),
+                // A call naming its own toolkits uses those instead of the table's.
+                sp.toolkit
+                    .clone()
+                    .filter(|_| req.toolkits.is_empty())
+                    .map(|t| (t, sp.toolkit_optional)),
+            ),
+            None => (languages::plan_command(&req.args, &req.command)?, None),
+        };
         let bad = |m: String| Err(FunctionError::BadRequest(m));
         let secs = |v: Option<f64>, what: &str, default: f64| -> Result<u64, FunctionError> {
             let s = v.unwrap_or(default);
@@ -391,18 +448,25 @@ impl Functions {
                 ));
             }
         }
-        for path in req.files.keys() {
-            let ok = !path.is_empty()
-                && !path.starts_with('/')
-                && path
-                    .split('/')
-                    .all(|c| !c.is_empty() && c != "." && c != "..")
-                && !path.contains('\0');
-            if !ok {
+        for path in req
+            .files
+            .keys()
+            .chain(req.files_base64.keys())
+            .chain(req.fetch_files.iter())
+        {
+            if !call_path_ok(path) {
                 return bad(format!(
-                    "file name {path:?} must be a relative path inside the scratch dir"
+                    "file name {path:?} must be a relative path inside the scratch dir or an \
+                     absolute one under {}",
+                    ABS_DIRS.join(", ")
                 ));
             }
+        }
+        if req.fetch_files.len() > MAX_FETCH {
+            return bad(format!(
+                "fetch_files names at most {MAX_FETCH} files ({} given)",
+                req.fetch_files.len()
+            ));
         }
         if let Some(cases) = &req.test_cases {
             if cases.is_empty() {
@@ -419,17 +483,30 @@ impl Functions {
             .iter()
             .map(|(k, v)| (k.clone(), B64.encode(v.as_bytes())))
             .collect();
-        if let Some(f) = plan.code_file {
+        for (k, v) in &req.files_base64 {
+            if B64.decode(v.as_bytes()).is_err() {
+                return bad(format!("files_base64[{k:?}] is not valid base64"));
+            }
+            files.insert(k.clone(), v.clone());
+        }
+        if let Some(f) = &plan.code_file {
             if !req.code.is_empty() || language != "command" {
-                files.insert(f.to_string(), B64.encode(req.code.as_bytes()));
+                files.insert(f.clone(), B64.encode(req.code.as_bytes()));
             }
         }
+        let compile_ms = secs(
+            req.compile_timeout,
+            "compile_timeout",
+            self.cfg.compile_timeout_s,
+        )?;
         Ok(Prepared {
             key: PoolKey {
                 image,
                 toolkits: req.toolkits.clone(),
                 language: language.to_string(),
             },
+            toolkit,
+            fetch: req.fetch_files.clone(),
             plan,
             files,
             timeout_ms,
@@ -437,13 +514,89 @@ impl Functions {
             memory_mb,
             max_output,
             pids,
-            compile_ms: (self.cfg.compile_timeout_s * 1000.0) as u64,
+            compile_ms,
         })
     }
+
+    /// The languages this node can run now: those needing no toolkit, or whose toolkit is in
+    /// the image store or in `toolkit_dir`.
+    pub fn runnable_languages(&self) -> Vec<String> {
+        let mut out: Vec<String> = self
+            .languages
+            .iter()
+            .filter(|(_, sp)| match &sp.toolkit {
+                None => true,
+                Some(_) if sp.toolkit_optional => true,
+                Some(t) => self.toolkit_present(t),
+            })
+            .map(|(k, _)| k.clone())
+            .collect();
+        out.push("command".into());
+        out
+    }
+
+    fn toolkit_present(&self, name: &str) -> bool {
+        self.factory.images.get(name).is_ok() || self.cfg.toolkit_dir.join(name).is_dir()
+    }
+
+    /// Makes toolkit `name` an image of the store, importing `toolkit_dir/name` the first time.
+    /// False when neither has it.
+    async fn ensure_toolkit(&self, name: &str) -> Result<bool, FunctionError> {
+        if self.factory.images.get(name).is_ok() {
+            return Ok(true);
+        }
+        let dir = self.cfg.toolkit_dir.join(name);
+        if !dir.is_dir() {
+            return Ok(false);
+        }
+        let _one = self.toolkit_import.lock().await;
+        if self.factory.images.get(name).is_ok() {
+            return Ok(true);
+        }
+        let started = Instant::now();
+        self.factory
+            .images
+            .import_dir(name, &dir)
+            .await
+            .map_err(FunctionError::Image)?;
+        tracing::info!(toolkit = name, dir = %dir.display(), secs = started.elapsed().as_secs_f64(), "function toolkit imported");
+        Ok(true)
+    }
+}
+
+/// Absolute paths a call's files may have (wiped after every call).
+const ABS_DIRS: &[&str] = &["/tmp", "/var/tmp", "/dev/shm"];
+
+/// Most files one call may fetch back.
+const MAX_FETCH: usize = 256;
+
+/// A relative path inside the scratch dir, or an absolute one under [`ABS_DIRS`], with no
+/// `.`/`..`/empty components.
+fn call_path_ok(path: &str) -> bool {
+    if path.is_empty() || path.contains('\0') {
+        return false;
+    }
+    let rel = match path.strip_prefix('/') {
+        Some(rest) => {
+            let Some(dir) = ABS_DIRS
+                .iter()
+                .find(|d| rest.starts_with(&d[1..]) && rest[d.len() - 1..].starts_with('/'))
+            else {
+                return false;
+            };
+            &rest[dir.len()..]
+        }
+        None => path,
+    };
+    rel.split('/')
+        .all(|c| !c.is_empty() && c != "." && c != "..")
 }
 
 struct Prepared {
     key: PoolKey,
+    /// The language's toolkit (and whether it may be absent), added to `key` by `call`.
+    toolkit: Option<(String, bool)>,
+    fetch: Vec<String>,
     plan: languages::Plan,
     files: BTreeMap<String, String>,
     timeout_ms: u64,
@@ -457,6 +610,7 @@ struct Prepared {
 struct CallOutcome {
     result: FunctionCallResult,
     health: Health,
+    files: BTreeMap<String, String>,
 }
 
 /// Whether a worker may serve another call after this one.
@@ -506,10 +660,13 @@ async fn run_call(w: &mut worker::Worker, p: &Prepared, req: &FunctionCallReques
             ..Default::default()
         },
         health: Health::Known(false),
+        files: BTreeMap::new(),
     };
+    let mut env = p.plan.env.clone();
+    env.extend(req.env.iter().map(|(k, v)| (k.clone(), v.clone())));
     let begin = Some(Begin {
         files: p.files.clone(),
-        env: req.env.clone(),
+        env,
     });
     let mut compile_result = None;
     let mut begun = begin;
@@ -530,6 +687,7 @@ async fn run_call(w: &mut worker::Worker, p: &Prepared, req: &FunctionCallReques
             end: false,
             reap: false,
             early: false,
+            fetch: Vec::new(),
         };
         let ans = w
             .exchange(&req_c, Duration::from_millis(p.compile_ms) + margin)
@@ -566,6 +724,7 @@ async fn run_call(w: &mut worker::Worker, p: &Prepared, req: &FunctionCallReques
                     ..Default::default()
                 },
                 health: Health::Known(healthy),
+                files: BTreeMap::new(),
             };
         }
         compile_result = Some(rr);
@@ -593,6 +752,7 @@ async fn run_call(w: &mut worker::Worker, p: &Prepared, req: &FunctionCallReques
         end: true,
         reap: false,
         early: true,
+        fetch: p.fetch.clone(),
     };
     let base = w.arm(p.memory_mb, p.pids);
     let ans = w
@@ -663,6 +823,7 @@ async fn run_call(w: &mut worker::Worker, p: &Prepared, req: &FunctionCallReques
             ..Default::default()
         },
         health,
+        files: ans.files,
     }
 }
 

@@ -109,10 +109,31 @@ impl Pool {
                 self.avg_us.load(Ordering::Relaxed) as f64 / 1000.0,
             ),
         })?;
-        let permit =
-            self.slots.clone().acquire_owned().await.map_err(|_| {
+        // The wait is bounded: a call still queued after `queue_wait_s` is refused (it did
+        // not run) with the same retry hint as a full queue.
+        let bound = Duration::from_secs_f64(self.cfg.queue_wait_s);
+        let permit = match tokio::time::timeout(bound, self.slots.clone().acquire_owned()).await {
+            Ok(p) => p.map_err(|_| {
                 FunctionError::Unavailable("the function pool is shutting down".into())
-            })?;
+            })?,
+            Err(_) => {
+                self.admission.rejected.fetch_add(1, Ordering::Relaxed);
+                let waiting = self.admission.waiting();
+                return Err(FunctionError::QueueFull {
+                    message: format!(
+                        "the function pool for {} is saturated: this call waited {:.0} s for a \
+                         worker (the bound, functions.queue_wait_s) behind {waiting} others; \
+                         retry later",
+                        self.key, self.cfg.queue_wait_s
+                    ),
+                    retry_after_s: admission::retry_after_s(
+                        waiting,
+                        self.cfg.max_workers,
+                        self.avg_us.load(Ordering::Relaxed) as f64 / 1000.0,
+                    ),
+                });
+            }
+        };
         drop(ticket);
         let wait_until = tokio::time::Instant::now() + SETTLE_WAIT;
         let taken = loop {

@@ -121,6 +121,10 @@ pub struct ServerRequest {
     /// in a second answer (read it with [`Worker::read_answer`] before lending the worker again).
     #[serde(skip_serializing_if = "std::ops::Not::not")]
     pub early: bool,
+    /// Files to read back after the last step (relative to the scratch dir, or absolute under
+    /// the wiped dirs), answered in [`ServerAnswer::files`].
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub fetch: Vec<String>,
 }
 
 #[derive(Debug, Clone, Serialize, Default)]
@@ -160,6 +164,9 @@ pub struct ServerAnswer {
     /// An `early` answer: the cleanup's own answer follows.
     #[serde(default)]
     pub pending: bool,
+    /// The `fetch` files that existed: path → base64 content.
+    #[serde(default)]
+    pub files: BTreeMap<String, String>,
 }
 
 /// Memory measured around one exchange.

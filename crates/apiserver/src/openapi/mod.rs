@@ -84,6 +84,8 @@ pub const EDGE_PASS_THROUGH: &[(&str, &str)] = &[
         paths::function_call,
         paths::function_batch,
         paths::function_pools,
+        paths::sandboxfusion_run_code,
+        paths::sandboxfusion_run_jupyter,
         paths::openapi,
         paths::healthz,
         paths::metrics,

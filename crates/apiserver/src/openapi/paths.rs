@@ -705,3 +705,38 @@ pub fn healthz() {}
     responses((status = 200, description = "Prometheus text format", body = String,
         content_type = "text/plain")))]
 pub fn metrics() {}
+
+/// SandboxFusion-compatible `run_code` (issue 20): the API key is part of the path, so that
+/// SandboxFusion's clients, which take only a base URL, can use
+/// `http://HOST:PORT/sandboxfusion/<API key>`. The body is SandboxFusion's RunCodeRequest
+/// (`code`, `language`, `stdin`, `compile_timeout`, `run_timeout`, `files` as base64,
+/// `fetch_files`); the answer its RunCodeResponse (`status` Success/Failed/SandboxError,
+/// `message`, `compile_result`/`run_result` with `status` Finished/Error/TimeLimitExceeded,
+/// `execution_time`, `return_code`, `stdout`, `stderr`, and `files` as base64).
+#[utoipa::path(post, path = "/sandboxfusion/{key}/run_code", tag = "functions",
+    operation_id = "sandboxFusionRunCode",
+    security(()),
+    params(("key" = String, Path, description = "API key (`dsk_...`)")),
+    request_body(content = Object, description = "SandboxFusion RunCodeRequest"),
+    responses(
+        (status = 200, description = "SandboxFusion RunCodeResponse", body = Object),
+        (status = 401, description = "`unauthorized`: no valid API key in the path", body = ErrorBody),
+        (status = 429, description = "`quota_exceeded`: the pool is saturated; retry after the \
+            Retry-After header. The call did not run.", body = QueueFull),
+        (status = "default", description = ERRORS, body = ErrorBody),
+    ))]
+pub fn sandboxfusion_run_code() {}
+
+/// SandboxFusion-compatible `run_jupyter`: answers 501 `unsupported` (no Jupyter kernel in
+/// the python toolkit).
+#[utoipa::path(post, path = "/sandboxfusion/{key}/run_jupyter", tag = "functions",
+    operation_id = "sandboxFusionRunJupyter",
+    security(()),
+    params(("key" = String, Path, description = "API key (`dsk_...`)")),
+    responses(
+        (status = 200, description = "SandboxFusion RunJupyterResponse (not offered by this \
+            build: every call answers 501)", body = Object),
+        (status = 501, description = "`unsupported`", body = ErrorBody),
+        (status = "default", description = ERRORS, body = ErrorBody),
+    ))]
+pub fn sandboxfusion_run_jupyter() {}

@@ -107,6 +107,18 @@ pub struct FunctionCallRequest {
     pub test_cases: Option<Vec<TestCase>>,
     #[serde(default)]
     pub compare: CompareMode,
+    /// Wall/CPU limit of the compile step in seconds (default: the edge's
+    /// `compile_timeout_s`).
+    #[serde(default)]
+    pub compile_timeout: Option<f64>,
+    /// Extra files given base64-encoded (binary content), by relative path in the scratch dir
+    /// or absolute path under /tmp, /var/tmp or /dev/shm (wiped after the call).
+    #[serde(default)]
+    pub files_base64: BTreeMap<String, String>,
+    /// Files to read back after the run (same path rules as `files_base64`), answered in
+    /// `FunctionCallResult.files`; one that does not exist is left out.
+    #[serde(default)]
+    pub fetch_files: Vec<String>,
 }
 
 /// The result of one run.
@@ -154,6 +166,9 @@ pub struct FunctionCallResult {
     pub worker: String,
     /// Time spent waiting for a worker, in ms.
     pub queue_ms: f64,
+    /// `fetch_files` that existed after the run: path → base64 content.
+    #[serde(default)]
+    pub files: BTreeMap<String, String>,
 }
 
 /// `POST /v1/functions/batch`.

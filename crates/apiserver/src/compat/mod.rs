@@ -1,0 +1,3 @@
+//! Endpoints that speak other code-execution services' APIs, translated onto dsec's own.
+
+pub mod sandboxfusion;
