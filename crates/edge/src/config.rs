@@ -56,8 +56,13 @@ pub struct EdgeConfig {
     /// `[edge.trajectory]`: the per-sandbox call log (see [`dsec_trajectory`]).
     pub trajectory: dsec_trajectory::TrajectoryConfig,
     /// Where layer data blobs live: `local` (`<data_dir>/edge/images/blobs`), `local:/dir`,
-    /// or `posix:/mounted/dir` (a distributed file system; blocks are read on demand).
+    /// or `posix:/mounted/dir` (a distributed file system; blocks are read on demand), or
+    /// `s3://bucket/prefix` (an S3-compatible object store, read through a node-local chunk
+    /// cache; configured by `[edge.image_s3]`).
     pub image_blob_store: String,
+    /// `[edge.image_s3]`: endpoint, region, credentials (each falls back to the environment)
+    /// and the chunk cache's bound, chunk size, timeout and retries.
+    pub image_s3: dsec_image::S3Config,
     /// PEM file of CA certificates every registry pull trusts (besides the system's roots and
     /// a request's own `ca_pem`), for registries behind a private CA.
     pub registry_ca_file: Option<PathBuf>,
@@ -117,6 +122,7 @@ impl Default for EdgeConfig {
             labels: BTreeMap::new(),
             trajectory: Default::default(),
             image_blob_store: "local".to_string(),
+            image_s3: Default::default(),
             registry_ca_file: None,
             reattach_grace_ms: 60_000,
             reclaim_on_pause: true,

@@ -201,9 +201,10 @@ impl Edge {
             Some(t) => t.clone(),
             None => load_or_make_token(&config.edge_dir().join("token"))?,
         };
-        let images = Arc::new(ImageStore::open_with(
+        let images = Arc::new(ImageStore::open_with_s3(
             config.images_dir(),
             &config.image_blob_store,
+            &config.image_s3,
         )?);
         let cfg = Arc::new(config);
         let metrics = Arc::new(Metrics::new(&cfg.node_id));

@@ -32,6 +32,7 @@
 
 pub mod blobstore;
 mod busybox;
+pub mod chunkcache;
 mod fold;
 mod import;
 mod index;
@@ -44,6 +45,7 @@ mod time;
 
 use std::path::PathBuf;
 
+pub use blobstore::s3::{S3Config, StoreCacheStats};
 pub use busybox::BUSYBOX_IMAGE;
 pub use fold::clear_xattrs;
 pub use import::{BuiltLayer, ImportOptions};

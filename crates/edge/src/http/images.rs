@@ -231,3 +231,31 @@ pub fn metrics_text(st: &dsec_image::StoreStats) -> String {
     }
     out
 }
+
+/// Prometheus text for the chunk cache of an object-store blob store (empty for other
+/// stores).
+pub fn cache_metrics_text(st: Option<dsec_image::StoreCacheStats>) -> String {
+    let Some(st) = st else {
+        return String::new();
+    };
+    let c = st.cache;
+    let mut out = String::new();
+    for (name, kind, help, v) in [
+        ("dsec_edge_blobcache_fetched_chunks_total", "counter", "Data-blob chunks fetched from the object store", c.fetched_chunks),
+        ("dsec_edge_blobcache_fetched_bytes_total", "counter", "Bytes of data-blob chunks fetched from the object store", c.fetched_bytes),
+        ("dsec_edge_blobcache_hits_total", "counter", "Reads served from cached chunks only", c.hits),
+        ("dsec_edge_blobcache_misses_total", "counter", "Chunk lookups that fetched or waited for a fetch", c.misses),
+        ("dsec_edge_blobcache_evictions_total", "counter", "Chunks evicted to keep the cache under its bound", c.evictions),
+        ("dsec_edge_blobcache_digest_mismatches_total", "counter", "Fetched chunks refused because they did not match the digest recorded at import", c.digest_mismatches),
+        ("dsec_edge_blobcache_fetch_errors_total", "counter", "Failed chunk fetch attempts (timeouts, connection or HTTP errors, bad digests)", c.fetch_errors),
+        ("dsec_edge_blobcache_read_errors_total", "counter", "Reads answered with EIO because a chunk stayed unavailable", c.read_errors),
+        ("dsec_edge_blobcache_bytes", "gauge", "Bytes in the chunk cache", c.cached_bytes),
+        ("dsec_edge_blobcache_cap_bytes", "gauge", "Bound of the chunk cache in bytes", c.cap_bytes),
+        ("dsec_edge_blobstore_direct_get_bytes_total", "counter", "Bytes read from the object store outside the chunk cache (metadata images, verification samples)", st.direct_get_bytes),
+    ] {
+        out.push_str(&format!(
+            "# HELP {name} {help}\n# TYPE {name} {kind}\n{name} {v}\n"
+        ));
+    }
+    out
+}

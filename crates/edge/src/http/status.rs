@@ -15,7 +15,9 @@ pub async fn status(State(s): State<AppState>) -> Json<NodeStatus> {
 pub async fn metrics(State(s): State<AppState>) -> impl IntoResponse {
     (
         [(header::CONTENT_TYPE, "text/plain; version=0.0.4")],
-        s.mgr.metrics().render() + &super::images::metrics_text(&s.mgr.image_store().stats()),
+        s.mgr.metrics().render()
+            + &super::images::metrics_text(&s.mgr.image_store().stats())
+            + &super::images::cache_metrics_text(s.mgr.image_store().cache_stats()),
     )
 }
 

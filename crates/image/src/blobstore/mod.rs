@@ -10,13 +10,13 @@
 //! - [`posix::PosixStore`] — a directory on a mounted distributed file system (3FS, CephFS,
 //!   JuiceFS, NFS, sshfs): reads go over the network on demand.
 //!
-//! The trait is shaped for an S3-compatible object store too: such a store would implement
-//! `put`/`fetch`/`read_at`/`size` with PUT, GET, ranged GET and HEAD, and `mount_source` would
-//! return a file in a local chunk cache (sparse file filled in large ranged reads, e.g. by an
-//! EROFS fscache on-demand daemon or a FUSE shim); `fetch` of metadata images is its prefetch.
+//! - [`s3::S3Store`] — an S3-compatible object store (`s3://bucket/prefix`): `put` uploads with
+//!   multipart, `fetch`/`read_at`/`size` are GET, ranged GET and HEAD, and `mount_source`
+//!   returns a file of the node's chunk cache shown through FUSE ([`crate::chunkcache`]).
 
 mod local;
 mod posix;
+pub mod s3;
 
 use std::fmt;
 use std::fs;
@@ -49,11 +49,31 @@ pub trait BlobStore: Send + Sync + fmt::Debug {
     fn remove(&self, key: &str) -> io::Result<()>;
     /// Every key in the store (for garbage collection).
     fn keys(&self) -> io::Result<Vec<String>>;
+    /// The node-local chunk cache's counters, for a store that reads through one.
+    fn cache_stats(&self) -> Option<s3::StoreCacheStats> {
+        None
+    }
+    /// Releases node resources the store holds (the chunk cache's FUSE mount) at shutdown.
+    fn shutdown(&self) {}
 }
 
 /// Opens a store from its spec: `local` (the directory `default_dir`), `local:/dir` or
 /// `posix:/mounted/dir`.
 pub fn from_spec(spec: &str, default_dir: &Path) -> io::Result<Box<dyn BlobStore>> {
+    from_spec_with(spec, default_dir, &s3::S3Config::default())
+}
+
+/// [`from_spec`], also taking `s3://bucket/prefix` (configured by `s3`; its chunk cache and
+/// FUSE mount live beside `default_dir`).
+pub fn from_spec_with(
+    spec: &str,
+    default_dir: &Path,
+    s3: &s3::S3Config,
+) -> io::Result<Box<dyn BlobStore>> {
+    if let Some(loc) = spec.strip_prefix("s3:") {
+        let root = default_dir.parent().unwrap_or(default_dir);
+        return Ok(Box::new(s3::S3Store::open(loc, root, s3)?));
+    }
     let (kind, loc) = match spec.split_once(':') {
         Some((k, l)) => (k, Some(PathBuf::from(l))),
         None => (spec, None),
@@ -64,7 +84,7 @@ pub fn from_spec(spec: &str, default_dir: &Path) -> io::Result<Box<dyn BlobStore
         ("posix", Some(dir)) => Ok(Box::new(PosixStore::open(&dir)?)),
         _ => Err(io::Error::new(
             io::ErrorKind::InvalidInput,
-            format!("bad blob store {spec:?}: use `local`, `local:/dir` or `posix:/mounted/dir`"),
+            format!("bad blob store {spec:?}: use `local`, `local:/dir`, `posix:/mounted/dir` or `s3://bucket/prefix`"),
         )),
     }
 }

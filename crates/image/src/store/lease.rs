@@ -229,6 +229,8 @@ impl ImageStore {
                 }
             }
         }
+        drop(st);
+        self.inner.blobs.shutdown();
         match first_err {
             Some(e) => Err(e.into()),
             None => Ok(()),

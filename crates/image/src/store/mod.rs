@@ -182,6 +182,16 @@ impl ImageStore {
     /// [`ImageStore::open`] with a blob store spec: `local`, `local:/dir` or
     /// `posix:/mounted/dir` (see [`crate::blobstore::from_spec`]).
     pub fn open_with(root: impl Into<PathBuf>, blob_store: &str) -> Result<Self, ImageError> {
+        Self::open_with_s3(root, blob_store, &blobstore::s3::S3Config::default())
+    }
+
+    /// [`ImageStore::open_with`], also taking `s3://bucket/prefix` blob stores configured by
+    /// `s3`.
+    pub fn open_with_s3(
+        root: impl Into<PathBuf>,
+        blob_store: &str,
+        s3: &blobstore::s3::S3Config,
+    ) -> Result<Self, ImageError> {
         let root: PathBuf = root.into();
         fs::create_dir_all(&root)?;
         let root = root.canonicalize()?;
@@ -195,7 +205,7 @@ impl ImageStore {
         fs::create_dir_all(&tmp)?;
         let _ = fs::remove_file(root.join(format!("{}.tmp", crate::index::INDEX_FILE)));
         let index = Index::load(&root)?;
-        let blobs = blobstore::from_spec(blob_store, &root.join("blobs"))?;
+        let blobs = blobstore::from_spec_with(blob_store, &root.join("blobs"), s3)?;
         tracing::info!(store = %blobs.describe(), "image blob store");
         Ok(ImageStore {
             inner: Arc::new(Inner {
@@ -236,6 +246,11 @@ impl ImageStore {
             blob_verifications: c.blob_verifications.load(Ordering::Relaxed),
             layers_mounted: mounted,
         }
+    }
+
+    /// The counters of the blob store's node-local chunk cache (object stores only).
+    pub fn cache_stats(&self) -> Option<blobstore::s3::StoreCacheStats> {
+        self.inner.blobs.cache_stats()
     }
 
     /// The blob store's `kind:location`.
