@@ -41,6 +41,7 @@ pub mod manager;
 pub mod metrics;
 pub mod network;
 pub mod pack;
+pub mod ports;
 pub mod records;
 pub mod substrates;
 pub mod trajectory;

@@ -676,6 +676,7 @@ impl Manager {
             )));
         }
         let v = validate_create(&self.cfg, &self.substrates, &req)?;
+        crate::ports::validate_public_ports(&req.public_ports)?;
         let id = make_sandbox_id(&self.cfg.node_id, rand::random());
         if let Some(existing) = self.admit(&id, &v, req.idempotency_key.as_deref())? {
             return Ok(existing);
@@ -856,6 +857,7 @@ impl Manager {
             reason: None,
             ttl_action: req.ttl_action.unwrap_or_default(),
             qos: v.qos,
+            public_ports: req.public_ports.clone(),
             ..Default::default()
         };
         let created_ms = now_ms();
@@ -1770,6 +1772,28 @@ impl Manager {
             .call(id, step, "mkdir", request.clone(), request, run)
             .await?;
         Ok((a.value, a.replayed))
+    }
+
+    /// Exposed ports: what a connection to a port of sandbox `id` needs (resumes a paused
+    /// sandbox, resets its idle clock). Containers only so far.
+    pub async fn port_target(&self, id: &str) -> Result<crate::ports::PortTarget, EdgeError> {
+        let e = self.touch(id).await?;
+        let info = e.info();
+        if info.substrate != Substrate::Container {
+            return Err(EdgeError::Unsupported(format!(
+                "exposed ports reach container sandboxes so far; sandbox {id} is a {:?}",
+                info.substrate
+            )));
+        }
+        Ok(crate::ports::PortTarget {
+            pid: e.sandbox.pid(),
+            public_ports: info.public_ports,
+        })
+    }
+
+    /// Whether sandbox `id` is live here (not ended).
+    pub fn is_live(&self, id: &str) -> bool {
+        self.entry(id).is_ok_and(|e| !e.ended.initialized())
     }
 
     /// Checks a TTY request and returns the channel to open it on (after the upgrade).

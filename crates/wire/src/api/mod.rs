@@ -42,6 +42,7 @@ mod function;
 mod image;
 mod network;
 mod node;
+mod ports;
 mod trajectory;
 
 pub use error::*;
@@ -51,6 +52,7 @@ pub use function::*;
 pub use image::*;
 pub use network::*;
 pub use node::*;
+pub use ports::*;
 pub use trajectory::*;
 
 use std::collections::BTreeMap;
@@ -146,6 +148,10 @@ pub struct CreateSandboxRequest {
     /// CPU/memory QoS class (default: the project's, else the edge's `qos.default_class`).
     #[serde(default)]
     pub qos: Option<QosClass>,
+    /// Sandbox TCP ports reachable through the apiserver without an API key or URL token
+    /// (`/v1/sandboxes/{id}/ports/{port}/...`); every other port needs one of them.
+    #[serde(default)]
+    pub public_ports: Vec<u16>,
 }
 
 /// Quality-of-service class of a sandbox (DESIGN.md §7).
@@ -236,6 +242,9 @@ pub struct SandboxInfo {
     /// was dropped); `None` for containers.
     #[serde(default)]
     pub boot: Option<String>,
+    /// Ports reachable through the apiserver without credentials (from the create request).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub public_ports: Vec<u16>,
 }
 
 /// What a pause did: memory before and after, and how it was reclaimed.
@@ -343,7 +352,8 @@ mod tests {
                 | ErrorCode::SandboxBusy
                 | ErrorCode::SandboxDead
                 | ErrorCode::Unsupported
-                | ErrorCode::Internal => {}
+                | ErrorCode::Internal
+                | ErrorCode::PortUnreachable => {}
             }
         }
         assert_eq!(status_for_code("no_such_code"), 500);
