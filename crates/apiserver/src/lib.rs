@@ -27,6 +27,7 @@ pub mod jobs;
 pub mod metrics;
 pub mod openapi;
 pub mod placement;
+pub mod ports;
 pub mod reconcile;
 pub mod routes;
 pub mod store;

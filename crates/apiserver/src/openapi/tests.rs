@@ -48,6 +48,12 @@ fn every_registered_route_is_described_and_nothing_else() {
         }
         expected.insert((verb.as_str().to_string(), openapi_path(path)));
     }
+    for method in super::ports::PROXY_METHODS {
+        expected.insert((
+            method.to_string(),
+            openapi_path(crate::ports::PROXY_ROUTES[2]),
+        ));
+    }
     for (method, path) in EDGE_PASS_THROUGH {
         assert!(
             path.starts_with("/v1/sandboxes/{id}/"),
@@ -240,7 +246,21 @@ fn samples() -> BTreeMap<&'static str, Vec<Value>> {
     ] {
         add("SandboxState", ser(v));
     }
-    add("SandboxInfo", ser(SandboxInfo::default()));
+    add(
+        "SandboxInfo",
+        ser(SandboxInfo {
+            public_ports: vec![8000],
+            ..Default::default()
+        }),
+    );
+    add("PortUrlRequest", ser(PortUrlRequest::default()));
+    add(
+        "PortUrl",
+        ser(PortUrl {
+            host: some_s(),
+            ..Default::default()
+        }),
+    );
     add("PauseReport", ser(PauseReport::default()));
     add("LabelSelector", ser(LabelSelector::default()));
     add(
