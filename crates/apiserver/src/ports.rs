@@ -396,6 +396,9 @@ async fn proxy(
         }
         return Ok(answer.map(Body::new));
     }
+    // The caller's connection is ours (HTTP/1.1, keep-alive), whatever the sandbox's server
+    // speaks (`http.server` answers HTTP/1.0 and closes).
+    *answer.version_mut() = Version::HTTP_11;
     let h = answer.headers_mut();
     for name in &HOP_HEADERS {
         if *name != header::TRANSFER_ENCODING {

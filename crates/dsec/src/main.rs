@@ -91,6 +91,8 @@ pub enum Command {
     Pause(cmd::pause::PauseArgs),
     /// Resume paused sandboxes (by id or --label).
     Resume(cmd::pause::PauseArgs),
+    /// The URL of a TCP port inside a sandbox (signed and expiring by default).
+    Port(cmd::port::PortArgs),
     /// Copy a file into or out of a sandbox (one side is ID:/path).
     Cp(cmd::cp::CpArgs),
     /// Function calls on pre-warmed workers (`dsec fn run --lang python FILE`).
@@ -268,6 +270,7 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Stop(a) => cmd::sandbox::stop(&connect::client(&g)?, a).await,
         Command::Pause(a) => cmd::pause::pause(&connect::client(&g)?, a).await,
         Command::Resume(a) => cmd::pause::resume(&connect::client(&g)?, a).await,
+        Command::Port(a) => cmd::port::port(&connect::client(&g)?, a).await,
         Command::Cp(a) => cmd::cp::cp(&connect::client(&g)?, a).await,
         Command::Fn(c) => cmd::fn_::run(&connect::client(&g)?, c).await,
         Command::Image(c) => cmd::image::image(&connect::client(&g)?, c).await,

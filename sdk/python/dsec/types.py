@@ -67,6 +67,9 @@ class DSecContainerRunArgs:
     #: under memory pressure) or ``"best_effort"`` (SCHED_IDLE, lowest CPU weight, reclaimed
     #: first); default: the node's ``qos.default_class``.
     qos: Optional[str] = None
+    #: TCP ports reachable through the apiserver without the API key or a signed URL
+    #: (``sandbox.get_url(port, public=True)``); other ports need one of them.
+    public_ports: Optional[List[int]] = None
 
     def to_json(self) -> Dict[str, Any]:
         """The JSON body of the create call (``container_image`` becomes ``image``)."""
@@ -167,6 +170,8 @@ class SandboxInfo:
     #: How a microVM started: ``cold``, ``template`` (restored from a template snapshot of its
     #: shape) or ``cold-fallback``; ``None`` for containers and full VMs.
     boot: Optional[str] = None
+    #: Ports open through the apiserver without credentials (``public_ports`` at create).
+    public_ports: List[int] = field(default_factory=list)
     raw: Dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
 
     @classmethod
