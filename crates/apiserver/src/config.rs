@@ -148,7 +148,11 @@ impl ApiConfig {
                 });
             }
         }
-        if self.port_url_secret.as_deref().is_some_and(|s| s.len() < 16) {
+        if self
+            .port_url_secret
+            .as_deref()
+            .is_some_and(|s| s.len() < 16)
+        {
             return Err(ConfigError::Invalid {
                 key: "port_url_secret".into(),
                 message: "must be at least 16 characters".into(),

@@ -114,7 +114,10 @@ fn hmac_sha256(key: &[u8], msg: &[u8]) -> [u8; 32] {
         ipad[i] ^= k[i];
         opad[i] ^= k[i];
     }
-    let inner = Sha256::new().chain_update(ipad).chain_update(msg).finalize();
+    let inner = Sha256::new()
+        .chain_update(ipad)
+        .chain_update(msg)
+        .finalize();
     Sha256::new()
         .chain_update(opad)
         .chain_update(inner)
@@ -213,9 +216,7 @@ async fn authorize(
     headers: &HeaderMap,
     query_token: Option<&str>,
 ) -> Result<Access, ApiError> {
-    let header_token = headers
-        .get(PORT_TOKEN_HEADER)
-        .and_then(|v| v.to_str().ok());
+    let header_token = headers.get(PORT_TOKEN_HEADER).and_then(|v| v.to_str().ok());
     if let Some(t) = query_token.or(header_token) {
         check_token(&secret(st), id, port, t, now_secs())?;
         return Ok(Access::Token);
@@ -234,9 +235,10 @@ async fn authorize(
 }
 
 fn parse_port(s: &str) -> Result<u16, ApiError> {
-    s.parse::<u16>().ok().filter(|p| *p != 0).ok_or_else(|| {
-        ApiError::BadRequest(format!("{s:?} is not a TCP port: use 1..=65535"))
-    })
+    s.parse::<u16>()
+        .ok()
+        .filter(|p| *p != 0)
+        .ok_or_else(|| ApiError::BadRequest(format!("{s:?} is not a TCP port: use 1..=65535")))
 }
 
 async fn by_path(State(st): State<AppState>, req: Request) -> Response {
@@ -290,7 +292,10 @@ fn is_upgrade(headers: &HeaderMap) -> bool {
             .get_all(header::CONNECTION)
             .iter()
             .filter_map(|v| v.to_str().ok())
-            .any(|v| v.split(',').any(|t| t.trim().eq_ignore_ascii_case("upgrade")))
+            .any(|v| {
+                v.split(',')
+                    .any(|t| t.trim().eq_ignore_ascii_case("upgrade"))
+            })
 }
 
 async fn proxy(
@@ -518,7 +523,10 @@ mod tests {
             split_token(Some("a=1&dsec_token=5.ab&b=2")),
             (Some("a=1&b=2".into()), Some("5.ab".into()))
         );
-        assert_eq!(split_token(Some("dsec_token=5.ab")), (None, Some("5.ab".into())));
+        assert_eq!(
+            split_token(Some("dsec_token=5.ab")),
+            (None, Some("5.ab".into()))
+        );
         assert_eq!(split_token(None), (None, None));
     }
 }
