@@ -39,11 +39,8 @@ class H(http.server.BaseHTTPRequestHandler):
     def log_message(self, *a):
         pass
     def do_GET(self):
-        self.send_response(200)
-        self.send_header("content-type", "text/plain")
-        self.send_header("content-length", "13")
-        self.end_headers()
-        self.wfile.write(b"hello, world\n")
+        # Head and body in one write: no Nagle/delayed-ACK stall between two small segments.
+        self.wfile.write(b"HTTP/1.1 200 OK\r\ncontent-type: text/plain\r\ncontent-length: 13\r\n\r\nhello, world\n")
 class S(socketserver.ThreadingMixIn, http.server.HTTPServer):
     daemon_threads = True
     allow_reuse_address = True
@@ -78,7 +75,9 @@ def pct(v, p):
 
 
 def run_loop(argv):
-    out = subprocess.run(argv, check=True, capture_output=True, timeout=600)
+    out = subprocess.run(argv, capture_output=True, timeout=600)
+    if out.returncode != 0:
+        raise SystemExit(f"{argv[:3]}... exited {out.returncode}: {out.stderr.decode()[-2000:]}")
     return json.loads(out.stdout)
 
 
@@ -114,6 +113,8 @@ def main():
                   "127.0.0.1", str(PORT), "/", "", str(a.n)]
         proxy = [sys.executable, loop_file, api_host, api_port,
                  f"/v1/sandboxes/{sb.id}/ports/{PORT}/", up.key, str(a.n)]
+        # The sandbox has no network: its loopback comes up with the first proxied connection.
+        run_loop(proxy[:-1] + ["1"])
         res = {"direct": [], "proxy": []}
         for i in range(a.rounds):
             order = (("direct", direct), ("proxy", proxy)) if i % 2 == 0 else (("proxy", proxy), ("direct", direct))
