@@ -75,6 +75,8 @@ subnet_v6 = "fd00:e2e:{_P % 65536:x}::/64"
 table = "dsece{_P}"
 veth_prefix = "z{_b36(_P)}"  # no host interface starts with z
 gateway_interface = "dsg{_P}"
+[apiserver]
+sandbox_domain = "sbx.dsec.test"  # exposed ports by host name (test_ports.py)
 """
 
 

@@ -82,6 +82,13 @@ pub struct ApiConfig {
     /// After how long without an answer from its node a sandbox counts as ended with
     /// `node_lost` (GET answers it `failed`, other calls 410), ms.
     pub node_lost_after_ms: u64,
+    /// Exposed ports by host name: a request whose `Host` is `{port}-{sandbox id}.{domain}`
+    /// goes to that sandbox port (point a wildcard DNS name at the apiserver). Unset: only the
+    /// `/v1/sandboxes/{id}/ports/{port}/...` form.
+    pub sandbox_domain: Option<String>,
+    /// Secret that signs port URL tokens; every apiserver replica must share it. Unset: a
+    /// random one per process (tokens then stop working when it restarts).
+    pub port_url_secret: Option<String>,
 }
 
 impl Default for ApiConfig {
@@ -98,6 +105,8 @@ impl Default for ApiConfig {
             default_cpu_cores: 1.0,
             reconcile_period_ms: 10_000,
             node_lost_after_ms: 60_000,
+            sandbox_domain: None,
+            port_url_secret: None,
         }
     }
 }
@@ -137,6 +146,26 @@ impl ApiConfig {
             return Err(ConfigError::Invalid {
                 key: "node_lost_after_ms".into(),
                 message: "must be > 0".into(),
+            });
+        }
+        if let Some(d) = &self.sandbox_domain {
+            if !crate::ports::valid_domain(d) {
+                return Err(ConfigError::Invalid {
+                    key: "sandbox_domain".into(),
+                    message: format!(
+                        "{d:?} must be a DNS name of lower-case letters, digits, `-` and `.` (like sbx.example.test)"
+                    ),
+                });
+            }
+        }
+        if self
+            .port_url_secret
+            .as_deref()
+            .is_some_and(|s| s.len() < 16)
+        {
+            return Err(ConfigError::Invalid {
+                key: "port_url_secret".into(),
+                message: "must be at least 16 characters".into(),
             });
         }
         if self.db_path.as_os_str().is_empty() {

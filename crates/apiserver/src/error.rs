@@ -30,6 +30,12 @@ pub enum ApiError {
     SandboxDead(String),
     #[error("internal error: {0}")]
     Internal(String),
+    /// A port URL token was refused (wrong, expired, for another port).
+    #[error("{0}")]
+    TokenRefused(String),
+    /// Nothing answered on a sandbox port (exposed ports): 502.
+    #[error("{0}")]
+    PortUnreachable(String),
 }
 
 impl ApiError {
@@ -46,6 +52,8 @@ impl ApiError {
             ApiError::QuotaExceeded(_) => codes::QUOTA_EXCEEDED,
             ApiError::SandboxDead(_) => codes::SANDBOX_DEAD,
             ApiError::Internal(_) => codes::INTERNAL,
+            ApiError::TokenRefused(_) => codes::UNAUTHORIZED,
+            ApiError::PortUnreachable(_) => codes::PORT_UNREACHABLE,
         }
     }
 

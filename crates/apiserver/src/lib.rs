@@ -30,6 +30,7 @@ pub mod metrics;
 pub mod node_lost;
 pub mod openapi;
 pub mod placement;
+pub mod ports;
 pub mod reconcile;
 pub mod revoke;
 pub mod routes;

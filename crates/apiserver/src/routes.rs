@@ -121,6 +121,8 @@ pub fn v1_routes() -> Routes {
         .on(Post, "/v1/sandboxes/{id}/files/mkdir", sandbox_simple)
         .on(Get, "/v1/sandboxes/{id}/tty", tty)
         .on(Post, "/v1/sandboxes/{id}/fork", crate::fork::fork)
+        // Exposed ports: the proxy itself is `crate::ports::router` (its own access checks).
+        .on(Post, "/v1/sandboxes/{id}/port_urls", crate::ports::port_url)
         // Routes added to the edge later (pause, network rules, trajectory, ...) pass through;
         // the document lists them (`openapi::EDGE_PASS_THROUGH`).
         .on(Any, "/v1/sandboxes/{id}/{*rest}", sandbox_stream_rest)
@@ -172,8 +174,13 @@ pub fn router(state: AppState) -> Router {
     Router::new()
         .merge(v1)
         .merge(public_routes().router)
+        .merge(crate::ports::router())
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
+        .layer(middleware::from_fn_with_state(
+            state.clone(),
+            crate::ports::by_host,
+        ))
         .layer(middleware::from_fn_with_state(state.clone(), observe))
         .with_state(state)
 }

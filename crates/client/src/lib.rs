@@ -17,6 +17,8 @@
 pub mod admin;
 pub mod functions;
 
+mod ports;
+
 use std::path::Path;
 use std::pin::Pin;
 

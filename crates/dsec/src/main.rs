@@ -95,6 +95,8 @@ pub enum Command {
     Snapshot(cmd::snapshot::SnapshotArgs),
     /// Fork a sandbox into N new ones from one snapshot (prints the children's ids).
     Fork(cmd::snapshot::ForkArgs),
+    /// The URL of a TCP port inside a sandbox (signed and expiring by default).
+    Port(cmd::port::PortArgs),
     /// Copy a file into or out of a sandbox (one side is ID:/path).
     Cp(cmd::cp::CpArgs),
     /// Function calls on pre-warmed workers (`dsec fn run --lang python FILE`).
@@ -274,6 +276,7 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Resume(a) => cmd::pause::resume(&connect::client(&g)?, a).await,
         Command::Snapshot(a) => cmd::snapshot::snapshot(&connect::client(&g)?, a).await,
         Command::Fork(a) => cmd::snapshot::fork(&connect::client(&g)?, a).await,
+        Command::Port(a) => cmd::port::port(&connect::client(&g)?, a).await,
         Command::Cp(a) => cmd::cp::cp(&connect::client(&g)?, a).await,
         Command::Fn(c) => cmd::fn_::run(&connect::client(&g)?, c).await,
         Command::Image(c) => cmd::image::image(&connect::client(&g)?, c).await,

@@ -49,6 +49,9 @@ pub enum EdgeError {
     Unsupported(String),
     #[error("{0}")]
     Internal(String),
+    /// Nothing answers on a sandbox port (exposed ports): 502.
+    #[error("{0}")]
+    PortUnreachable(String),
 }
 
 /// The trajectory log's failures on the wire: a bad id or a relative path is the caller's
@@ -110,6 +113,7 @@ impl EdgeError {
             EdgeError::SandboxBusy(_) => codes::SANDBOX_BUSY,
             EdgeError::Unsupported(_) => codes::UNSUPPORTED,
             EdgeError::Internal(_) => codes::INTERNAL,
+            EdgeError::PortUnreachable(_) => codes::PORT_UNREACHABLE,
         }
     }
 

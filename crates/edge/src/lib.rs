@@ -43,6 +43,7 @@ pub mod metrics;
 pub mod names;
 pub mod network;
 pub mod pack;
+pub mod ports;
 pub mod records;
 pub mod snapshot;
 pub mod substrates;

@@ -13,6 +13,8 @@ pub struct Metrics {
     pub sandboxes_failed: IntCounter,
     pub sandboxes_create_errors: IntCounter,
     pub sandboxes_running: IntGauge,
+    /// Port tunnels (exposed ports) open right now.
+    pub port_tunnels_open: IntGauge,
     pub create_seconds: Histogram,
     /// Labels: `kind` = shell | exec.
     pub commands: IntCounterVec,
@@ -52,6 +54,14 @@ impl Metrics {
             .expect("valid metric");
         registry
             .register(Box::new(sandboxes_running.clone()))
+            .expect("metric registered once");
+        let port_tunnels_open = IntGauge::new(
+            "port_tunnels_open",
+            "Connections to sandbox ports (exposed ports) open right now",
+        )
+        .expect("valid metric");
+        registry
+            .register(Box::new(port_tunnels_open.clone()))
             .expect("metric registered once");
         let create_seconds = Histogram::with_opts(
             HistogramOpts::new(
@@ -123,6 +133,7 @@ impl Metrics {
             sandboxes_failed,
             sandboxes_create_errors,
             sandboxes_running,
+            port_tunnels_open,
             create_seconds,
             commands,
             http_requests,

@@ -115,13 +115,18 @@ impl Default for FunctionConfig {
 #[error("{key}: {message}")]
 pub struct FunctionConfigError {
     pub key: &'static str,
-    pub message: &'static str,
+    pub message: String,
 }
 
 impl FunctionConfig {
     /// Checks the values; the error names the bad key.
     pub fn validate(&self) -> Result<(), FunctionConfigError> {
-        let bad = |key, message| Err(FunctionConfigError { key, message });
+        let bad = |key, message: &str| {
+            Err(FunctionConfigError {
+                key,
+                message: message.to_string(),
+            })
+        };
         if self.max_workers == 0 {
             return bad("functions.max_workers", "must be at least 1");
         }
@@ -138,9 +143,12 @@ impl FunctionConfig {
             );
         }
         if !(self.queue_wait_s.is_finite() && self.queue_wait_s > 0.0) {
-            return Err("functions.queue_wait_s: must be > 0".into());
+            return bad("functions.queue_wait_s", "must be > 0");
         }
-        languages::Languages::new(&self.languages).map_err(|e| e.to_string())?;
+        languages::Languages::new(&self.languages).map_err(|e| FunctionConfigError {
+            key: "functions.languages",
+            message: e.to_string(),
+        })?;
         Ok(())
     }
 }

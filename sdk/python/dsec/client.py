@@ -721,6 +721,29 @@ class Sandbox:
         resp = await self._client._request("PUT", self._path("/network"), json_body=body)
         return resp.json()
 
+    # -- exposed ports ------------------------------------------------------------------------
+
+    async def get_url(self, port: int, public: bool = False, expires_in: Optional[int] = 3600) -> str:
+        """The URL of TCP ``port`` inside this sandbox, through the apiserver (HTTP/1.1,
+        streamed bodies, WebSocket). ``public=False`` (default): a signed URL, valid for
+        ``expires_in`` seconds, that works without the API key. ``public=True``: the plain URL,
+        which needs the API key (``Authorization: Bearer``) unless the port was created public
+        (``public_ports=[...]``)."""
+        base = f"{self._client.api_url}{self._path(f'/ports/{int(port)}/')}"
+        if public:
+            return base
+        info = await self.port_url(port, expires_in=expires_in)
+        return f"{self._client.api_url}{info['path']}"
+
+    async def port_url(self, port: int, expires_in: Optional[int] = 3600) -> Dict[str, Any]:
+        """Signs a URL for ``port``: ``{"path", "token", "expires_at", "host"}`` (``host`` is
+        ``{port}-{id}.{sandbox_domain}`` when the apiserver has a ``sandbox_domain``)."""
+        body: Dict[str, Any] = {"port": int(port)}
+        if expires_in is not None:
+            body["expires_in"] = int(expires_in)
+        resp = await self._client._request("POST", self._path("/port_urls"), json_body=body)
+        return self._client._json(resp)
+
     async def pack_diff(self, name: str, exclude: Optional[List[str]] = None, timeout: float = 3600.0) -> ImageInfo:
         """Turns this sandbox's writable layer into a new layer and registers image ``name`` =
         this sandbox's layers + the diff. ``exclude``: absolute paths left out (with everything

@@ -212,6 +212,12 @@ class Sandbox:
     ) -> Dict[str, Any]:
         return self._run(self._inner.set_network_rules(rules, groups=groups, mode=mode))
 
+    def get_url(self, port: int, public: bool = False, expires_in: Optional[int] = 3600) -> str:
+        return self._run(self._inner.get_url(port, public=public, expires_in=expires_in))
+
+    def port_url(self, port: int, expires_in: Optional[int] = 3600) -> Dict[str, Any]:
+        return self._run(self._inner.port_url(port, expires_in=expires_in))
+
     def pack_diff(self, name: str, exclude: Optional[List[str]] = None, timeout: float = 3600.0) -> ImageInfo:
         return self._run(self._inner.pack_diff(name, exclude=exclude, timeout=timeout))
 

@@ -67,6 +67,9 @@ class DSecContainerRunArgs:
     #: under memory pressure) or ``"best_effort"`` (SCHED_IDLE, lowest CPU weight, reclaimed
     #: first); default: the node's ``qos.default_class``.
     qos: Optional[str] = None
+    #: TCP ports reachable through the apiserver without the API key or a signed URL
+    #: (``sandbox.get_url(port, public=True)``); other ports need one of them.
+    public_ports: Optional[List[int]] = None
 
     def to_json(self) -> Dict[str, Any]:
         """The JSON body of the create call (``container_image`` becomes ``image``)."""
@@ -191,6 +194,8 @@ class SandboxInfo:
     end_reason: Optional[str] = None
     #: What exactly happened (e.g. an internal error's cause).
     end_detail: Optional[str] = None
+    #: Ports open through the apiserver without credentials (``public_ports`` at create).
+    public_ports: List[int] = field(default_factory=list)
     raw: Dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
 
     @property

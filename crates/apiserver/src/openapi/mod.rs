@@ -8,6 +8,7 @@
 //! wire field or an error code is missing from the document.
 
 mod paths;
+mod ports;
 
 use std::sync::OnceLock;
 
@@ -60,6 +61,11 @@ pub const EDGE_PASS_THROUGH: &[(&str, &str)] = &[
         paths::pack_diff,
         paths::snapshot,
         paths::fork,
+        ports::create_port_url,
+        ports::proxy_get,
+        ports::proxy_post,
+        ports::proxy_put,
+        ports::proxy_delete,
         paths::get_network,
         paths::set_network,
         paths::pause,
@@ -110,6 +116,7 @@ pub const EDGE_PASS_THROUGH: &[(&str, &str)] = &[
         (name = "iam", description = "Projects, quotas and API keys (admin)"),
         (name = "jobs", description = "Operations on every sandbox of a job (by labels)"),
         (name = "functions", description = "Function calls on pre-warmed workers"),
+        (name = "ports", description = "Exposed ports: reach a server inside a sandbox"),
         (name = "service", description = "Unauthenticated service routes"),
     )
 )]

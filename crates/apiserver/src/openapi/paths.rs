@@ -22,7 +22,7 @@ use crate::iam::{
 };
 
 /// Description of every error answer.
-const ERRORS: &str = "Error (4xx: the caller must fix something; 5xx: server side). \
+pub(super) const ERRORS: &str = "Error (4xx: the caller must fix something; 5xx: server side). \
     `error.code` is one of ErrorCode.";
 
 /// Raw bytes (file contents, tar streams, blobs).

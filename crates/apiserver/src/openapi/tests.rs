@@ -48,6 +48,12 @@ fn every_registered_route_is_described_and_nothing_else() {
         }
         expected.insert((verb.as_str().to_string(), openapi_path(path)));
     }
+    for method in super::ports::PROXY_METHODS {
+        expected.insert((
+            method.to_string(),
+            openapi_path(crate::ports::PROXY_ROUTES[2]),
+        ));
+    }
     for (method, path) in EDGE_PASS_THROUGH {
         assert!(
             path.starts_with("/v1/sandboxes/{id}/"),
@@ -245,6 +251,7 @@ fn samples() -> BTreeMap<&'static str, Vec<Value>> {
         ser(SandboxInfo {
             end_reason: Some(EndReason::TtlIdle),
             end_detail: some_s(),
+            public_ports: vec![8000],
             ..Default::default()
         }),
     );
@@ -287,6 +294,14 @@ fn samples() -> BTreeMap<&'static str, Vec<Value>> {
             children: vec![],
             failed: vec![failure],
             duration_ms: 1.0,
+        }),
+    );
+    add("PortUrlRequest", ser(PortUrlRequest::default()));
+    add(
+        "PortUrl",
+        ser(PortUrl {
+            host: some_s(),
+            ..Default::default()
         }),
     );
     add("PauseReport", ser(PauseReport::default()));

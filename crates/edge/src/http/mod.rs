@@ -10,6 +10,7 @@ mod images;
 mod network;
 mod pack;
 mod pause;
+mod ports;
 mod sandboxes;
 mod status;
 mod templates;
@@ -65,6 +66,7 @@ pub fn router(mgr: Arc<Manager>, token: &str) -> Router {
         .route(&format!("{sb}/files/stat"), get(files::stat))
         .route(&format!("{sb}/files/mkdir"), post(files::mkdir))
         .route(&format!("{sb}/tty"), get(tty::open))
+        .route(&format!("{sb}/ports/{{port}}/tunnel"), get(ports::tunnel))
         .route(&format!("{sb}/trajectory"), get(trajectory::export))
         .route(
             &format!("{sb}/trajectory/last_step"),

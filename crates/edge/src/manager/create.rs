@@ -37,6 +37,7 @@ impl Manager {
             )));
         }
         let v = validate_create(&self.cfg, &self.substrates, &req)?;
+        crate::ports::validate_public_ports(&req.public_ports)?;
         let id = make_sandbox_id(&self.cfg.node_id, rand::random());
         if let Some(existing) = self.admit(&id, &v, req.idempotency_key.as_deref())? {
             return Ok(existing);
@@ -256,6 +257,7 @@ impl Manager {
             reason: None,
             ttl_action: req.ttl_action.unwrap_or_default(),
             qos: v.qos,
+            public_ports: req.public_ports.clone(),
             ..Default::default()
         };
         let created_ms = now_ms();

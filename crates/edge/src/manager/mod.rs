@@ -21,6 +21,7 @@ mod jobs;
 mod network;
 mod pause;
 mod policies;
+mod ports;
 mod proxy;
 mod recover;
 mod rollback;

@@ -59,11 +59,13 @@ pub enum ErrorCode {
     Unsupported,
     /// 500: a server-side failure (logged with its cause).
     Internal,
+    /// 502: nothing answers on the sandbox port a request was sent to (exposed ports).
+    PortUnreachable,
 }
 
 impl ErrorCode {
     /// Every code, in the order of the enum.
-    pub const ALL: [ErrorCode; 16] = [
+    pub const ALL: [ErrorCode; 17] = [
         ErrorCode::BadRequest,
         ErrorCode::Unauthorized,
         ErrorCode::Forbidden,
@@ -80,6 +82,7 @@ impl ErrorCode {
         ErrorCode::SandboxDead,
         ErrorCode::Unsupported,
         ErrorCode::Internal,
+        ErrorCode::PortUnreachable,
     ];
 
     /// The code as it appears in [`ErrorDetail::code`].
@@ -101,6 +104,7 @@ impl ErrorCode {
             ErrorCode::SandboxDead => "sandbox_dead",
             ErrorCode::Unsupported => "unsupported",
             ErrorCode::Internal => "internal",
+            ErrorCode::PortUnreachable => "port_unreachable",
         }
     }
 
@@ -121,6 +125,7 @@ impl ErrorCode {
             ErrorCode::Unsupported => 501,
             ErrorCode::NodeFull | ErrorCode::NodeUnavailable | ErrorCode::SandboxBusy => 503,
             ErrorCode::Internal => 500,
+            ErrorCode::PortUnreachable => 502,
         }
     }
 
@@ -150,6 +155,7 @@ pub mod codes {
     pub const SANDBOX_DEAD: &str = ErrorCode::SandboxDead.as_str();
     pub const UNSUPPORTED: &str = ErrorCode::Unsupported.as_str();
     pub const INTERNAL: &str = ErrorCode::Internal.as_str();
+    pub const PORT_UNREACHABLE: &str = ErrorCode::PortUnreachable.as_str();
 }
 
 /// Maps an error code to its HTTP status (500 for a code this build does not know).

@@ -45,6 +45,7 @@ mod function;
 mod image;
 mod network;
 mod node;
+mod ports;
 mod snapshot;
 mod trajectory;
 
@@ -56,6 +57,7 @@ pub use function::*;
 pub use image::*;
 pub use network::*;
 pub use node::*;
+pub use ports::*;
 pub use snapshot::*;
 pub use trajectory::*;
 
@@ -152,6 +154,10 @@ pub struct CreateSandboxRequest {
     /// CPU/memory QoS class (default: the project's, else the edge's `qos.default_class`).
     #[serde(default)]
     pub qos: Option<QosClass>,
+    /// Sandbox TCP ports reachable through the apiserver without an API key or URL token
+    /// (`/v1/sandboxes/{id}/ports/{port}/...`); every other port needs one of them.
+    #[serde(default)]
+    pub public_ports: Vec<u16>,
 }
 
 /// Quality-of-service class of a sandbox (DESIGN.md §7).
@@ -248,6 +254,9 @@ pub struct SandboxInfo {
     /// What exactly happened, for people (the reason's details, e.g. an internal error's cause).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub end_detail: Option<String>,
+    /// Ports reachable through the apiserver without credentials (from the create request).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub public_ports: Vec<u16>,
 }
 
 /// Query of `GET /v1/sandboxes`: without `ended`/`end_reason` only live sandboxes are listed.
@@ -368,7 +377,8 @@ mod tests {
                 | ErrorCode::SandboxBusy
                 | ErrorCode::SandboxDead
                 | ErrorCode::Unsupported
-                | ErrorCode::Internal => {}
+                | ErrorCode::Internal
+                | ErrorCode::PortUnreachable => {}
             }
         }
         assert_eq!(status_for_code("no_such_code"), 500);
