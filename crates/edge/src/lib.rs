@@ -41,12 +41,14 @@ pub mod manager;
 pub mod metrics;
 pub mod network;
 pub mod pack;
+pub mod processes;
 pub mod records;
 pub mod substrates;
 pub mod trajectory;
 pub mod ttl;
 pub mod tty;
 pub mod vm_config;
+pub mod watch;
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;

@@ -8,6 +8,7 @@ pub mod image;
 pub mod key;
 pub mod nodes;
 pub mod pause;
+pub mod proc_;
 pub mod project;
 pub mod sandbox;
 pub mod shell;
