@@ -1,0 +1,82 @@
+//! The node's image store as the API offers it, and pack_diff.
+
+use std::sync::Arc;
+
+use dsec_image::ImageStore;
+use dsec_wire::api::{ImageInfo, ImageList};
+
+use crate::error::EdgeError;
+
+use super::{lock, Manager};
+
+impl Manager {
+    pub async fn import_image<R>(&self, name: &str, reader: R) -> Result<ImageInfo, EdgeError>
+    where
+        R: tokio::io::AsyncRead + Send + Unpin + 'static,
+    {
+        let name = dsec_image::canonical_name(name).map_err(EdgeError::from_image)?;
+        self.images
+            .import_tar(&name, reader)
+            .await
+            .map_err(EdgeError::from_image)
+    }
+
+    /// `pack_diff`: the sandbox's writable layer becomes image `req.name` = its layers + diff.
+    pub async fn pack_diff(
+        &self,
+        id: &str,
+        req: dsec_wire::api::PackDiffRequest,
+    ) -> Result<ImageInfo, EdgeError> {
+        let entry = self.running(id)?;
+        let kind = lock(&entry.info).substrate;
+        if !self
+            .substrates
+            .capabilities(kind)
+            .is_some_and(|c| c.pack_diff)
+        {
+            return Err(EdgeError::Unsupported(format!(
+                "sandbox {id}: pack_diff is not supported for {} sandboxes (their disk is not a layer of the image store)",
+                self.substrates.label(kind)
+            )));
+        }
+        let (parent_images, parent_digests) = lock(&entry.lease)
+            .as_ref()
+            .map(|l| (l.images().to_vec(), l.digests()))
+            .ok_or_else(|| EdgeError::Conflict(format!("sandbox {id} holds no image")))?;
+        crate::pack::pack_diff(
+            &self.images,
+            id,
+            &entry.dir,
+            entry.sandbox.as_ref(),
+            &parent_images,
+            &parent_digests,
+            &req,
+        )
+        .await
+    }
+
+    /// The node's image store.
+    pub fn image_store(&self) -> &Arc<ImageStore> {
+        &self.images
+    }
+
+    pub fn list_images(&self) -> ImageList {
+        ImageList {
+            images: self.images.list(),
+        }
+    }
+
+    pub fn remove_image(&self, name: &str) -> Result<(), EdgeError> {
+        let name = dsec_image::canonical_name(name).map_err(EdgeError::from_image)?;
+        self.images.remove(&name).map_err(EdgeError::from_image)?;
+        // Layer files may be gone: what substrates keep per layer file (the microVM's
+        // virtio-pmem copies) too, in the background.
+        if let Ok(rt) = tokio::runtime::Handle::try_current() {
+            for s in self.substrates.available() {
+                let s = s.clone();
+                rt.spawn(async move { s.images_removed().await });
+            }
+        }
+        Ok(())
+    }
+}
