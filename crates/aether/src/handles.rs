@@ -196,7 +196,9 @@ fn no_handle(srv: &Server, id: u64, pid: i32) {
     srv.w.error(
         id,
         AetherErrorKind::NotFound,
-        format!("no process handle with pid {pid} (it was not started with start, or ended long ago)"),
+        format!(
+            "no process handle with pid {pid} (it was not started with start, or ended long ago)"
+        ),
     );
 }
 
@@ -442,10 +444,14 @@ pub fn read(srv: &Server, id: u64, pid: i32, offset: u64, follow: bool) {
             (st.ring.read_from(cursor), h.info_locked(&st))
         };
         for (stream, at, data) in &pieces {
-            if !srv
-                .w
-                .send(id, Reply::ProcOutput { stream: *stream, offset: *at }, data)
-            {
+            if !srv.w.send(
+                id,
+                Reply::ProcOutput {
+                    stream: *stream,
+                    offset: *at,
+                },
+                data,
+            ) {
                 return;
             }
             cursor = at + data.len() as u64;
@@ -627,7 +633,10 @@ mod tests {
         r.push(Stream::Stdout, &big);
         let pieces = r.read_from(1);
         assert!(pieces.iter().all(|p| p.2.len() <= CHUNK));
-        assert_eq!(pieces.iter().map(|p| p.2.len()).sum::<usize>(), 2 * CHUNK + 4);
+        assert_eq!(
+            pieces.iter().map(|p| p.2.len()).sum::<usize>(),
+            2 * CHUNK + 4
+        );
         assert_eq!(pieces[1].1, 1 + CHUNK as u64);
     }
 }

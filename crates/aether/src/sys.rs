@@ -144,7 +144,6 @@ pub fn rename_noreplace(src: &std::ffi::CStr, dst: &std::ffi::CStr) -> io::Resul
 }
 
 /// Fills `buf` with random bytes from the kernel.
-
 pub fn random_bytes(buf: &mut [u8]) -> io::Result<()> {
     let mut done = 0;
     while done < buf.len() {

@@ -5,6 +5,12 @@
 //! request ends (the edge cancels it when its client goes away, or the channel closes), so no
 //! fd outlives its watcher. Events are sent in the order the kernel queued them, one `FsEvents`
 //! reply per read of the inotify fd.
+//!
+//! A recursive watch adds a watch for every new directory when it reads the directory's
+//! create event, before it sends that event, and reports the entries the directory already has
+//! then as creates: once a client has seen a directory's create, everything inside it is seen.
+//! What is made and removed again inside a new directory before that can be missed (inotify has
+//! no recursive mode).
 
 use std::collections::HashMap;
 use std::ffi::CString;
@@ -267,7 +273,10 @@ pub fn run(srv: &Server, id: u64, path: &str, recursive: bool) {
             srv.w.error(
                 id,
                 AetherErrorKind::WrongKind,
-                format!("watch {}: not a directory (watch its parent)", root.display()),
+                format!(
+                    "watch {}: not a directory (watch its parent)",
+                    root.display()
+                ),
             );
             return;
         }
@@ -285,8 +294,11 @@ pub fn run(srv: &Server, id: u64, path: &str, recursive: bool) {
     let guard = match srv.cancellable(id) {
         Ok(g) => g,
         Err(e) => {
-            srv.w
-                .error(id, AetherErrorKind::Internal, format!("watch: eventfd: {e}"));
+            srv.w.error(
+                id,
+                AetherErrorKind::Internal,
+                format!("watch: eventfd: {e}"),
+            );
             return;
         }
     };

@@ -72,7 +72,10 @@ impl Client {
     ) -> Result<ProcessEventStream> {
         let u = with_query(
             self.process_url(id, pid, &["output"])?,
-            &[("offset", offset.to_string()), ("follow", follow.to_string())],
+            &[
+                ("offset", offset.to_string()),
+                ("follow", follow.to_string()),
+            ],
         );
         let resp = check(self.send(self.request(Method::GET, u)).await?).await?;
         Ok(ndjson_process_events(resp.bytes_stream()))
@@ -107,7 +110,13 @@ impl Client {
     }
 
     /// `POST .../files/rename?src=&dst=&overwrite=`.
-    pub async fn rename(&self, id: &str, src: &str, dst: &str, overwrite: bool) -> Result<FileInfo> {
+    pub async fn rename(
+        &self,
+        id: &str,
+        src: &str,
+        dst: &str,
+        overwrite: bool,
+    ) -> Result<FileInfo> {
         let u = with_query(
             self.sandbox_url(id, &["files", "rename"])?,
             &[
@@ -176,7 +185,9 @@ mod tests {
     #[tokio::test]
     async fn events_split_across_chunks() {
         let chunks: Vec<std::result::Result<bytes::Bytes, String>> = vec![
-            Ok(bytes::Bytes::from_static(b"{\"type\":\"stdout\",\"offset\":0,\"da")),
+            Ok(bytes::Bytes::from_static(
+                b"{\"type\":\"stdout\",\"offset\":0,\"da",
+            )),
             Ok(bytes::Bytes::from_static(
                 b"ta\":\"hi\"}\n\n{\"type\":\"truncated\",\"from\":2,\"to\":5}\n",
             )),

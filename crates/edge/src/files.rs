@@ -414,7 +414,9 @@ pub async fn rename(
     lease.note_value(
         "rename",
         serde_json::json!({"src": src, "dst": dst, "overwrite": overwrite}),
-        result.as_ref().map(|i| serde_json::to_value(i).unwrap_or_default()),
+        result
+            .as_ref()
+            .map(|i| serde_json::to_value(i).unwrap_or_default()),
     );
     result
 }

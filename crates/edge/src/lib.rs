@@ -39,6 +39,7 @@ pub mod files;
 pub mod http;
 pub mod manager;
 pub mod metrics;
+pub mod metrics_sampler;
 pub mod network;
 pub mod pack;
 pub mod processes;
@@ -218,6 +219,7 @@ impl Edge {
         images.cleanup_stale_mounts()?;
         let reaped = manager.recover().await;
         ttl::spawn(&manager, cfg.ttl_check_ms);
+        metrics_sampler::spawn(&manager);
         dsec_node::qos::spawn_sampler(manager.view(), manager.qos().clone());
         manager.trajectory().spawn_background();
         images.ensure_busybox().await?;

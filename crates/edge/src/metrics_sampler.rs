@@ -164,8 +164,12 @@ impl Gauges {
         self.memory_limit
             .with_label_values(l)
             .set(s.memory_limit_bytes as f64);
-        self.disk_used.with_label_values(l).set(s.disk_used_bytes as f64);
-        self.disk_limit.with_label_values(l).set(s.disk_limit_bytes as f64);
+        self.disk_used
+            .with_label_values(l)
+            .set(s.disk_used_bytes as f64);
+        self.disk_limit
+            .with_label_values(l)
+            .set(s.disk_limit_bytes as f64);
         self.net_rx.with_label_values(l).set(s.net_rx_bytes as f64);
         self.net_tx.with_label_values(l).set(s.net_tx_bytes as f64);
         self.pids.with_label_values(l).set(s.pids as f64);
@@ -254,7 +258,8 @@ impl Sampler {
 
     /// One round over the running sandboxes; forgets the ones that are gone.
     pub async fn round(self: &Arc<Self>, sources: Vec<Source>) {
-        let live: std::collections::HashSet<String> = sources.iter().map(|s| s.id.clone()).collect();
+        let live: std::collections::HashSet<String> =
+            sources.iter().map(|s| s.id.clone()).collect();
         let gone: Vec<String> = lock(&self.history)
             .keys()
             .filter(|k| !live.contains(*k))
@@ -328,7 +333,9 @@ mod tests {
             String::from_utf8(buf).unwrap()
         };
         assert!(text(&reg).contains("sandbox_pids{sandbox=\"sb-a\"}"));
-        let rt = tokio::runtime::Builder::new_current_thread().build().unwrap();
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .build()
+            .unwrap();
         rt.block_on(s.round(Vec::new()));
         assert!(s.metrics("sb-a").samples.is_empty());
         assert!(!text(&reg).contains("sb-a"));

@@ -169,7 +169,8 @@ pub async fn start(lease: &AgentLease, req: StartProcessRequest) -> Result<Proce
     };
     let result = ask_info(lease, r, Bytes::new()).await;
     let env_keys: Vec<&String> = req.env.keys().collect();
-    note(lease, 
+    note(
+        lease,
         "process_start",
         serde_json::json!({"argv": argv, "cwd": req.cwd, "user": req.user, "tag": req.tag,
             "stdin": req.stdin, "env_keys": env_keys}),
@@ -217,7 +218,11 @@ pub async fn wait(lease: &AgentLease, pid: i32, timeout_s: f64) -> Result<Proces
         timeout_ms: (timeout_s * 1000.0).ceil() as u64,
     };
     // Dropping this future (the client went away) cancels the wait in the agent.
-    let call = lease.client.call(r, Bytes::new()).await.map_err(|e| lease.chan(e))?;
+    let call = lease
+        .client
+        .call(r, Bytes::new())
+        .await
+        .map_err(|e| lease.chan(e))?;
     let mut guard = ReadGuard {
         client: lease.client.clone(),
         target: call.id(),
@@ -254,13 +259,14 @@ pub async fn input(
     let result = ask_info(
         lease,
         Request::ProcInput {
-                pid,
-                close: req.close,
-            },
-            Bytes::from(data),
-        )
-        .await;
-    note(lease, 
+            pid,
+            close: req.close,
+        },
+        Bytes::from(data),
+    )
+    .await;
+    note(
+        lease,
         "process_stdin",
         serde_json::json!({"pid": pid, "bytes": n, "close": req.close}),
         &result,
@@ -277,14 +283,15 @@ pub async fn signal(
     let result = ask_info(
         lease,
         Request::ProcSignal {
-                pid,
-                signal: sig,
-                group: req.group,
-            },
-            Bytes::new(),
-        )
-        .await;
-    note(lease, 
+            pid,
+            signal: sig,
+            group: req.group,
+        },
+        Bytes::new(),
+    )
+    .await;
+    note(
+        lease,
         "process_signal",
         serde_json::json!({"pid": pid, "signal": sig, "group": req.group}),
         &result,

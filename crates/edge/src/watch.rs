@@ -98,7 +98,9 @@ pub async fn watch(
         }
         Ok(None) => {
             st.done = true;
-            return Err(EdgeError::Internal("the watch ended before it started".into()));
+            return Err(EdgeError::Internal(
+                "the watch ended before it started".into(),
+            ));
         }
         Err(e) => {
             st.done = true;
@@ -145,5 +147,7 @@ pub async fn watch(
             }
         }
     });
-    Ok(futures::stream::once(async move { ready }).chain(rest).boxed())
+    Ok(futures::stream::once(async move { ready })
+        .chain(rest)
+        .boxed())
 }

@@ -36,6 +36,7 @@ pub const EDGE_PASS_THROUGH: &[(&str, &str)] = &[
     ("post", "/v1/sandboxes/{id}/processes/{pid}/kill"),
     ("post", "/v1/sandboxes/{id}/files/rename"),
     ("get", "/v1/sandboxes/{id}/watch"),
+    ("get", "/v1/sandboxes/{id}/metrics"),
 ];
 
 #[derive(OpenApi)]
@@ -105,6 +106,7 @@ pub const EDGE_PASS_THROUGH: &[(&str, &str)] = &[
         processes::kill_process,
         processes::rename_file,
         processes::watch_files,
+        processes::sandbox_metrics,
     ),
     components(schemas(
         dsec_wire::api::ErrorCode,

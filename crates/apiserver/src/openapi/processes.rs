@@ -5,7 +5,7 @@
 
 use dsec_wire::api::{
     ErrorBody, FileInfo, FsEvent, ProcessEvent, ProcessInfo, ProcessInputRequest, ProcessList,
-    SignalProcessRequest, StartProcessRequest,
+    SandboxMetrics, SignalProcessRequest, StartProcessRequest,
 };
 use utoipa::IntoParams;
 
@@ -182,3 +182,14 @@ struct WatchQuery {
         (status = "default", description = ERRORS, body = ErrorBody),
     ))]
 pub fn watch_files() {}
+
+/// The sandbox's recent resource samples (CPU, memory, disk, network, pids), taken by its edge
+/// every few seconds; the newest is also on the edge's `/metrics` with a `sandbox` label.
+#[utoipa::path(get, path = "/v1/sandboxes/{id}/metrics", tag = "sandboxes",
+    operation_id = "sandboxMetrics",
+    params(SandboxOnly),
+    responses(
+        (status = 200, description = "Samples, oldest first", body = SandboxMetrics),
+        (status = "default", description = ERRORS, body = ErrorBody),
+    ))]
+pub fn sandbox_metrics() {}

@@ -326,6 +326,15 @@ fn samples() -> BTreeMap<&'static str, Vec<Value>> {
     ] {
         add("ProcessEvent", ser(v));
     }
+    add("MetricsSample", ser(MetricsSample::default()));
+    add(
+        "SandboxMetrics",
+        ser(SandboxMetrics {
+            sandbox_id: "sb".into(),
+            interval_s: 2.0,
+            samples: vec![MetricsSample::default()],
+        }),
+    );
     for k in [
         FsEventKind::Ready,
         FsEventKind::Create,

@@ -1,11 +1,11 @@
 //! `dsec proc start|ls|logs|wait|kill|signal|stdin`: process handles in a sandbox.
 
-use std::io::Write as _;
-
 use anyhow::Context;
 use clap::{Args, Subcommand};
 use dsec_client::Client;
-use dsec_wire::api::{ProcessEvent, ProcessInputRequest, SignalProcessRequest, StartProcessRequest};
+use dsec_wire::api::{
+    ProcessEvent, ProcessInputRequest, SignalProcessRequest, StartProcessRequest,
+};
 use futures::StreamExt as _;
 
 #[derive(Subcommand, Debug)]
@@ -87,9 +87,9 @@ pub async fn run(c: &Client, cmd: ProcCommand) -> anyhow::Result<()> {
         ProcCommand::Start(a) => {
             let mut env = std::collections::BTreeMap::new();
             for kv in &a.env {
-                let (k, v) = kv.split_once('=').ok_or_else(|| {
-                    crate::UsageError(format!("--env {kv:?} must be KEY=VALUE"))
-                })?;
+                let (k, v) = kv
+                    .split_once('=')
+                    .ok_or_else(|| crate::UsageError(format!("--env {kv:?} must be KEY=VALUE")))?;
                 env.insert(k.to_string(), v.to_string());
             }
             let req = StartProcessRequest {
@@ -109,7 +109,10 @@ pub async fn run(c: &Client, cmd: ProcCommand) -> anyhow::Result<()> {
             Ok(())
         }
         ProcCommand::Ls(a) => {
-            let list = c.processes(&a.sandbox, a.all).await.context("list processes")?;
+            let list = c
+                .processes(&a.sandbox, a.all)
+                .await
+                .context("list processes")?;
             if a.json {
                 return super::print_json(&list);
             }

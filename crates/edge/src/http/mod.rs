@@ -67,6 +67,7 @@ pub fn router(mgr: Arc<Manager>, token: &str) -> Router {
         .route(&format!("{sb}/files/mkdir"), post(files::mkdir))
         .route(&format!("{sb}/files/rename"), post(files::rename))
         .route(&format!("{sb}/watch"), get(files::watch))
+        .route(&format!("{sb}/metrics"), get(status::sandbox_metrics))
         .route(
             &format!("{sb}/processes"),
             post(processes::start).get(processes::list),
@@ -76,7 +77,10 @@ pub fn router(mgr: Arc<Manager>, token: &str) -> Router {
             &format!("{sb}/processes/{{pid}}/output"),
             get(processes::output),
         )
-        .route(&format!("{sb}/processes/{{pid}}/wait"), post(processes::wait))
+        .route(
+            &format!("{sb}/processes/{{pid}}/wait"),
+            post(processes::wait),
+        )
         .route(
             &format!("{sb}/processes/{{pid}}/stdin"),
             post(processes::stdin),
@@ -85,7 +89,10 @@ pub fn router(mgr: Arc<Manager>, token: &str) -> Router {
             &format!("{sb}/processes/{{pid}}/signal"),
             post(processes::signal),
         )
-        .route(&format!("{sb}/processes/{{pid}}/kill"), post(processes::kill))
+        .route(
+            &format!("{sb}/processes/{{pid}}/kill"),
+            post(processes::kill),
+        )
         .route(&format!("{sb}/tty"), get(tty::open))
         .route(&format!("{sb}/trajectory"), get(trajectory::export))
         .route(
