@@ -252,6 +252,45 @@ pub fn remove(srv: &Server, id: u64, path: &str, recursive: bool) {
     }
 }
 
+/// Renames (moves) `src` to `dst`; `dst` must not exist unless `overwrite`.
+pub fn rename(srv: &Server, id: u64, src: &str, dst: &str, overwrite: bool) {
+    use std::os::unix::ffi::OsStrExt;
+    let (src, dst) = (srv.resolve_path(src), srv.resolve_path(dst));
+    let res = if overwrite {
+        fs::rename(&src, &dst)
+    } else {
+        match (
+            std::ffi::CString::new(src.as_os_str().as_bytes()),
+            std::ffi::CString::new(dst.as_os_str().as_bytes()),
+        ) {
+            (Ok(s), Ok(d)) => crate::sys::rename_noreplace(&s, &d),
+            _ => Err(io::Error::from(io::ErrorKind::InvalidInput)),
+        }
+    };
+    if let Err(e) = res {
+        if e.raw_os_error() == Some(libc::EEXIST) {
+            srv.w.error(
+                id,
+                AetherErrorKind::WrongKind,
+                format!(
+                    "rename {} to {}: the destination exists (pass overwrite=true to replace it)",
+                    src.display(),
+                    dst.display()
+                ),
+            );
+            return;
+        }
+        // Which path the error is about is not known for every errno: name the source.
+        return fail(srv, id, "rename", &src, &e);
+    }
+    match fs::symlink_metadata(&dst) {
+        Ok(meta) => {
+            srv.w.send(id, Reply::Stat(file_info(&dst, &meta)), &[]);
+        }
+        Err(e) => fail(srv, id, "stat", &dst, &e),
+    }
+}
+
 pub fn mkdir(srv: &Server, id: u64, path: &str, mode: u32, parents: bool) {
     let path = srv.resolve_path(path);
     let res = if parents {

@@ -24,14 +24,17 @@ mod chronus;
 mod command;
 mod exec;
 mod files;
+mod handles;
 mod output;
 mod procs;
 mod reaper;
 mod server;
 mod setup;
+mod stats;
 mod sys;
 mod tty;
 mod users;
+mod watch;
 
 use std::collections::BTreeMap;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};

@@ -12,7 +12,7 @@ use dsec_wire::aether::{AetherErrorKind, Reply, Request};
 use crate::channel::Writer;
 use crate::reaper::Reaper;
 use crate::users::User;
-use crate::{chronus, exec, files, procs, sys, tty};
+use crate::{chronus, exec, files, handles, procs, stats, sys, tty, watch};
 
 pub const DEFAULT_PATH: &str = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
 /// Stack size of request threads: enough for our code, small for density.
@@ -165,6 +165,8 @@ pub struct Server {
     pub cancels: Mutex<HashMap<u64, Arc<Cancel>>>,
     pub uploads: Mutex<HashMap<u64, files::Upload>>,
     pub ttys: Mutex<HashMap<u64, Arc<tty::Tty>>>,
+    /// Process handles (`ProcStart`).
+    pub handles: handles::Handles,
     /// Request threads of last resort.
     pub spares: Spares,
 }
@@ -198,6 +200,7 @@ impl Server {
             cancels: Mutex::new(HashMap::new()),
             uploads: Mutex::new(HashMap::new()),
             ttys: Mutex::new(HashMap::new()),
+            handles: handles::Handles::default(),
             spares: Spares::start(SPARE_THREADS),
         }
     }
@@ -447,6 +450,13 @@ impl Server {
                     }
                 }
             }
+            Request::ProcSignal { pid, signal, group } => {
+                handles::signal(self, id, pid, signal, group)
+            }
+            Request::ProcList { all } => handles::list(self, id, all),
+            Request::Stats => {
+                self.w.send(id, Reply::Stats(stats::collect()), &[]);
+            }
             Request::Shutdown => {
                 self.kill_everything();
                 self.w.send(id, Reply::Done, &[]);
@@ -511,6 +521,40 @@ impl Server {
                 },
                 body,
             ),
+            Request::ProcStart {
+                argv,
+                env,
+                cwd,
+                user,
+                tag,
+                stdin,
+                buffer_bytes,
+            } => handles::start(
+                self,
+                id,
+                handles::StartArgs {
+                    argv,
+                    env,
+                    cwd,
+                    user,
+                    tag,
+                    stdin,
+                    buffer_bytes,
+                },
+            ),
+            Request::ProcRead {
+                pid,
+                offset,
+                follow,
+            } => handles::read(self, id, pid, offset, follow),
+            Request::ProcInput { pid, close } => handles::input(self, id, pid, close, body),
+            Request::ProcWait { pid, timeout_ms } => handles::wait(self, id, pid, timeout_ms),
+            Request::Rename {
+                src,
+                dst,
+                overwrite,
+            } => files::rename(self, id, &src, &dst, overwrite),
+            Request::Watch { path, recursive } => watch::run(self, id, &path, recursive),
             Request::ReadFile { path } => files::read_file(self, id, &path),
             Request::ListDir { path } => files::list_dir(self, id, &path),
             Request::Stat { path } => files::stat(self, id, &path),

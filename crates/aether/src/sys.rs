@@ -118,6 +118,31 @@ pub fn kill(pid: i32, sig: i32) {
     unsafe { libc::kill(pid, sig) };
 }
 
+/// Whether `pid` still exists (a zombie counts until it is reaped).
+pub fn pid_alive(pid: i32) -> bool {
+    // SAFETY: kill with signal 0 only checks for existence; no pointers.
+    unsafe { libc::kill(pid, 0) == 0 }
+}
+
+/// rename(2) that fails with EEXIST instead of replacing `dst` (renameat2 RENAME_NOREPLACE).
+pub fn rename_noreplace(src: &std::ffi::CStr, dst: &std::ffi::CStr) -> io::Result<()> {
+    // SAFETY: both paths are valid NUL-terminated strings that outlive the call.
+    let r = unsafe {
+        libc::syscall(
+            libc::SYS_renameat2,
+            libc::AT_FDCWD,
+            src.as_ptr(),
+            libc::AT_FDCWD,
+            dst.as_ptr(),
+            libc::RENAME_NOREPLACE,
+        )
+    };
+    if r < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
 /// Fills `buf` with random bytes from the kernel.
 pub fn random_bytes(buf: &mut [u8]) -> io::Result<()> {
     let mut done = 0;

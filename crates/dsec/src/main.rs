@@ -99,6 +99,9 @@ pub enum Command {
     Port(cmd::port::PortArgs),
     /// Copy a file into or out of a sandbox (one side is ID:/path).
     Cp(cmd::cp::CpArgs),
+    /// Background processes in a sandbox (process handles): start, ls, logs, wait, kill.
+    #[command(subcommand)]
+    Proc(cmd::proc_::ProcCommand),
     /// Function calls on pre-warmed workers (`dsec fn run --lang python FILE`).
     #[command(subcommand, name = "fn")]
     Fn(cmd::fn_::FnCommand),
@@ -278,6 +281,7 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Fork(a) => cmd::snapshot::fork(&connect::client(&g)?, a).await,
         Command::Port(a) => cmd::port::port(&connect::client(&g)?, a).await,
         Command::Cp(a) => cmd::cp::cp(&connect::client(&g)?, a).await,
+        Command::Proc(c) => cmd::proc_::run(&connect::client(&g)?, c).await,
         Command::Fn(c) => cmd::fn_::run(&connect::client(&g)?, c).await,
         Command::Image(c) => cmd::image::image(&connect::client(&g)?, c).await,
         Command::Nodes(a) => cmd::nodes::nodes(&connect::client(&g)?, a).await,

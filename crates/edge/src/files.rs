@@ -390,3 +390,33 @@ mod tests {
         assert_eq!(all[13], 3);
     }
 }
+
+/// Renames (moves) `src` to `dst` in the sandbox; answers the info of `dst`. Noted in the
+/// trajectory log.
+pub async fn rename(
+    lease: &crate::manager::AgentLease,
+    src: &str,
+    dst: &str,
+    overwrite: bool,
+) -> Result<FileInfo, EdgeError> {
+    check_path(src)?;
+    check_path(dst)?;
+    let req = Request::Rename {
+        src: src.to_string(),
+        dst: dst.to_string(),
+        overwrite,
+    };
+    let result = match lease.client.request(req, Bytes::new()).await {
+        Ok((Reply::Stat(info), _)) => Ok(info),
+        Ok((other, _)) => Err(unexpected("rename", &other)),
+        Err(e) => Err(EdgeError::from_channel(&lease.sandbox, Subject::File, e)),
+    };
+    lease.note_value(
+        "rename",
+        serde_json::json!({"src": src, "dst": dst, "overwrite": overwrite}),
+        result
+            .as_ref()
+            .map(|i| serde_json::to_value(i).unwrap_or_default()),
+    );
+    result
+}

@@ -40,10 +40,12 @@ pub mod files;
 pub mod http;
 pub mod manager;
 pub mod metrics;
+pub mod metrics_sampler;
 pub mod names;
 pub mod network;
 pub mod pack;
 pub mod ports;
+pub mod processes;
 pub mod records;
 pub mod snapshot;
 pub mod substrates;
@@ -51,6 +53,7 @@ pub mod trajectory;
 pub mod ttl;
 pub mod tty;
 pub mod vm_config;
+pub mod watch;
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -221,6 +224,7 @@ impl Edge {
         images.cleanup_stale_mounts()?;
         let reaped = manager.recover().await;
         ttl::spawn(&manager, cfg.ttl_check_ms);
+        metrics_sampler::spawn(&manager);
         dsec_node::qos::spawn_sampler(manager.view(), manager.qos().clone());
         manager.trajectory().spawn_background();
         images.ensure_busybox().await?;

@@ -8,6 +8,8 @@ use prometheus::{
 /// Every metric the edge exports. Counters are atomics: cheap on hot paths.
 pub struct Metrics {
     registry: Registry,
+    /// Per-sandbox resource samples (issue 18), exported on the same registry.
+    pub sandbox_samples: std::sync::Arc<crate::metrics_sampler::Sampler>,
     pub sandboxes_created: IntCounter,
     pub sandboxes_stopped: IntCounter,
     pub sandboxes_failed: IntCounter,
@@ -125,8 +127,10 @@ impl Metrics {
         registry
             .register(Box::new(vm_boots.clone()))
             .expect("metric registered once");
+        let sandbox_samples = crate::metrics_sampler::Sampler::new(&registry);
         Self {
             vm_boots,
+            sandbox_samples,
             registry,
             sandboxes_created,
             sandboxes_stopped,

@@ -17,7 +17,7 @@ use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 
-use crate::api::{FileInfo, FileList};
+use crate::api::{AgentStats, FileInfo, FileList, FsEvent, ProcessInfo, ProcessList};
 
 pub const MAX_HEADER: u32 = 1024 * 1024;
 pub const MAX_BODY: u32 = 4 * 1024 * 1024;
@@ -153,6 +153,61 @@ pub enum Request {
     },
     /// Orderly end of the sandbox: aether kills everything and exits.
     Shutdown,
+    /// Start a process handle: `argv` runs in its own session and outlives this request.
+    /// Answered with `Proc` at once; its output is kept in a ring of `buffer_bytes`.
+    ProcStart {
+        argv: Vec<String>,
+        env: BTreeMap<String, String>,
+        cwd: Option<String>,
+        user: Option<String>,
+        tag: Option<String>,
+        /// Keep stdin open for `ProcInput` (else it is closed at once).
+        stdin: bool,
+        buffer_bytes: u64,
+    },
+    /// A handle's output from combined offset `offset`: `ProcOutput` replies, then
+    /// `ProcOutputEnd`. With `follow`, streams until the process exits (or `Cancel`).
+    ProcRead {
+        pid: i32,
+        offset: u64,
+        follow: bool,
+    },
+    /// Body: bytes for the handle's stdin; `close` closes it after them. Answered with `Proc`.
+    ProcInput {
+        pid: i32,
+        close: bool,
+    },
+    /// Signal the handle (its whole process group when `group`). Answered with `Proc`.
+    ProcSignal {
+        pid: i32,
+        signal: i32,
+        group: bool,
+    },
+    /// The handles: running ones, plus exited ones still kept when `all`.
+    ProcList {
+        all: bool,
+    },
+    /// Waits up to `timeout_ms` (0: not at all) for the handle to exit; answered with `Proc`.
+    ProcWait {
+        pid: i32,
+        timeout_ms: u64,
+    },
+    /// What the agent measures from inside (root file system, network bytes); answered with
+    /// `Stats`.
+    Stats,
+    /// Watch `path` (and every dir below it when `recursive`) with inotify: `FsEvents` replies
+    /// (the first one empty: the watch is set up) until `Cancel`, then `Done`.
+    Watch {
+        path: String,
+        recursive: bool,
+    },
+    /// Rename (move) `src` to `dst`; fails if `dst` exists unless `overwrite`. Answered with
+    /// `Stat` of `dst`.
+    Rename {
+        src: String,
+        dst: String,
+        overwrite: bool,
+    },
     /// VM guests restored from a template snapshot: take this guest's own identity. aether sets
     /// the kernel hostname, the wall clock (the restored guest's clock is the template's) and
     /// mixes the frame body (host randomness) into the kernel's pool, then forces a reseed of
@@ -209,13 +264,34 @@ pub enum Reply {
     TtyExit {
         code: i32,
     },
+    /// A process handle's state.
+    Proc(ProcessInfo),
+    ProcList(ProcessList),
+    /// Body: output bytes of a handle starting at combined offset `offset` (non-terminal).
+    ProcOutput {
+        stream: Stream,
+        offset: u64,
+    },
+    Stats(AgentStats),
+    /// Filesystem events of a `Watch` (non-terminal), in the order the kernel reported them.
+    FsEvents {
+        events: Vec<FsEvent>,
+    },
+    /// The end of a `ProcRead`: resume at `offset`; `info` is the handle's state then.
+    ProcOutputEnd {
+        offset: u64,
+        info: ProcessInfo,
+    },
     Error(AetherError),
 }
 
 impl Reply {
     /// True for replies that end a request.
     pub fn is_terminal(&self) -> bool {
-        !matches!(self, Reply::Output { .. } | Reply::Data)
+        !matches!(
+            self,
+            Reply::Output { .. } | Reply::Data | Reply::ProcOutput { .. } | Reply::FsEvents { .. }
+        )
     }
 }
 

@@ -37,6 +37,8 @@ from .errors import (
     Unsupported,
 )
 from .functions import FunctionResult, RunResult
+from .processes import MetricsSample, ProcessEvent, ProcessHandle, ProcessInfo, ProcessOutput
+from .watch import FsEvent, Watcher
 from .types import DSecContainerRunArgs, DSecMicroVMRunArgs, DSecVMRunArgs, FileInfo, ImageInfo, JobOpResult, SandboxInfo, ShellResult, StreamEvent
 
 __version__ = "0.1.0"
@@ -52,15 +54,21 @@ __all__ = [
     "DSecError",
     "FileInfo",
     "FileNotFound",
+    "FsEvent",
     "FunctionResult",
     "Forbidden",
     "ImageInfo",
     "ImageNotFound",
     "JobOpResult",
+    "MetricsSample",
     "NodeFull",
     "NodeUnavailable",
     "NotFound",
     "PayloadTooLarge",
+    "ProcessEvent",
+    "ProcessHandle",
+    "ProcessInfo",
+    "ProcessOutput",
     "QuotaExceeded",
     "RunResult",
     "Sandbox",
@@ -75,4 +83,5 @@ __all__ = [
     "TransportError",
     "Unauthorized",
     "Unsupported",
+    "Watcher",
 ]

@@ -23,6 +23,8 @@ from urllib.parse import quote
 
 from . import _http
 from .functions import FunctionsMixin
+from .processes import MetricsMixin, ProcessesMixin
+from .watch import WatchMixin
 from .errors import (
     CommandTimeout,
     DSecError,
@@ -571,7 +573,7 @@ def _check_timeout(result: ShellResult, what: str, timeout: Optional[float], rai
     return result
 
 
-class Sandbox:
+class Sandbox(ProcessesMixin, WatchMixin, MetricsMixin):
     """A handle on one sandbox. ``async with sandbox:`` stops it on exit."""
 
     def __init__(self, client: DSecClient, info: SandboxInfo):

@@ -22,6 +22,8 @@ from typing import Any, AsyncIterator, Awaitable, Dict, Iterator, List, Mapping,
 from . import client as _async
 from .errors import SandboxNotFound
 from .functions import SyncFunctionsMixin
+from .processes import SyncMetricsMixin, SyncProcessesMixin
+from .watch import SyncWatchMixin
 from .types import DSecContainerRunArgs, DSecVMRunArgs, FileInfo, ImageInfo, SandboxInfo, ShellResult, StreamEvent
 
 T = TypeVar("T")
@@ -168,7 +170,7 @@ class DSecClient(SyncFunctionsMixin):
         return self._run(self._aclient.list_nodes())
 
 
-class Sandbox:
+class Sandbox(SyncProcessesMixin, SyncWatchMixin, SyncMetricsMixin):
     """Synchronous handle on one sandbox. ``with sandbox:`` stops it on exit."""
 
     def __init__(self, client: DSecClient, inner: _async.Sandbox):

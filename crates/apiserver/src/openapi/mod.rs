@@ -9,6 +9,7 @@
 
 mod paths;
 mod ports;
+mod processes;
 
 use std::sync::OnceLock;
 
@@ -27,6 +28,17 @@ pub const EDGE_PASS_THROUGH: &[(&str, &str)] = &[
     ("get", "/v1/sandboxes/{id}/trajectory"),
     ("get", "/v1/sandboxes/{id}/trajectory/last_step"),
     ("get", "/v1/sandboxes/{id}/trajectory/blobs/{digest}"),
+    ("post", "/v1/sandboxes/{id}/processes"),
+    ("get", "/v1/sandboxes/{id}/processes"),
+    ("get", "/v1/sandboxes/{id}/processes/{pid}"),
+    ("get", "/v1/sandboxes/{id}/processes/{pid}/output"),
+    ("post", "/v1/sandboxes/{id}/processes/{pid}/wait"),
+    ("post", "/v1/sandboxes/{id}/processes/{pid}/stdin"),
+    ("post", "/v1/sandboxes/{id}/processes/{pid}/signal"),
+    ("post", "/v1/sandboxes/{id}/processes/{pid}/kill"),
+    ("post", "/v1/sandboxes/{id}/files/rename"),
+    ("get", "/v1/sandboxes/{id}/watch"),
+    ("get", "/v1/sandboxes/{id}/metrics"),
 ];
 
 #[derive(OpenApi)]
@@ -95,6 +107,17 @@ pub const EDGE_PASS_THROUGH: &[(&str, &str)] = &[
         paths::openapi,
         paths::healthz,
         paths::metrics,
+        processes::start_process,
+        processes::list_processes,
+        processes::get_process,
+        processes::process_output,
+        processes::wait_process,
+        processes::process_stdin,
+        processes::signal_process,
+        processes::kill_process,
+        processes::rename_file,
+        processes::watch_files,
+        processes::sandbox_metrics,
     ),
     components(schemas(
         dsec_wire::api::EndReason,

@@ -355,6 +355,69 @@ fn samples() -> BTreeMap<&'static str, Vec<Value>> {
         add("FileKind", ser(v));
     }
     add("FileInfo", ser(file_info()));
+    // Process handles (issue 18).
+    add("StartProcessRequest", ser(StartProcessRequest::default()));
+    add("ProcessInfo", ser(ProcessInfo::default()));
+    add("ProcessList", ser(ProcessList::default()));
+    add(
+        "SignalProcessRequest",
+        ser(SignalProcessRequest {
+            signal: "SIGTERM".into(),
+            group: true,
+        }),
+    );
+    add("ProcessInputRequest", ser(ProcessInputRequest::default()));
+    for v in [
+        ProcessEvent::Stdout {
+            offset: 0,
+            data: "d".into(),
+            data_b64: some_s(),
+        },
+        ProcessEvent::Stderr {
+            offset: 0,
+            data: "d".into(),
+            data_b64: some_s(),
+        },
+        ProcessEvent::Truncated { from: 0, to: 1 },
+        ProcessEvent::End {
+            offset: 1,
+            info: ProcessInfo::default(),
+        },
+        ProcessEvent::Error {
+            error: error_detail(),
+        },
+    ] {
+        add("ProcessEvent", ser(v));
+    }
+    add("MetricsSample", ser(MetricsSample::default()));
+    add(
+        "SandboxMetrics",
+        ser(SandboxMetrics {
+            sandbox_id: "sb".into(),
+            interval_s: 2.0,
+            samples: vec![MetricsSample::default()],
+        }),
+    );
+    for k in [
+        FsEventKind::Ready,
+        FsEventKind::Create,
+        FsEventKind::Write,
+        FsEventKind::Remove,
+        FsEventKind::Rename,
+        FsEventKind::Chmod,
+        FsEventKind::Overflow,
+    ] {
+        add("FsEventKind", ser(k));
+    }
+    add(
+        "FsEvent",
+        ser(FsEvent {
+            kind: FsEventKind::Rename,
+            path: "/a".into(),
+            to: Some("/b".into()),
+            is_dir: false,
+        }),
+    );
     add(
         "FileList",
         ser(FileList {

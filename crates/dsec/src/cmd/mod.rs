@@ -9,6 +9,7 @@ pub mod key;
 pub mod nodes;
 pub mod pause;
 pub mod port;
+pub mod proc_;
 pub mod project;
 pub mod sandbox;
 pub mod shell;

@@ -5,6 +5,7 @@ use axum::extract::State;
 use axum::http::{header, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
+use futures::StreamExt as _;
 use serde::Deserialize;
 
 use super::{ApiPath, ApiQuery, AppState};
@@ -133,4 +134,48 @@ pub async fn mkdir(
     let mode = parse_mode(q.mode.as_deref().unwrap_or("0755"))?;
     let (info, replayed) = s.mgr.mkdir(&id, &q.path, (mode, q.parents), q.step).await?;
     Ok(replayed_flag(Json(info), replayed))
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RenameQuery {
+    src: String,
+    dst: String,
+    #[serde(default)]
+    overwrite: bool,
+}
+
+/// `POST .../files/rename?src=&dst=&overwrite=`: move a file or directory.
+pub async fn rename(
+    State(s): State<AppState>,
+    ApiPath(id): ApiPath<String>,
+    ApiQuery(q): ApiQuery<RenameQuery>,
+) -> Result<Json<dsec_wire::api::FileInfo>, EdgeError> {
+    let lease = s.mgr.agent_lease(&id).await?;
+    Ok(Json(
+        crate::files::rename(&lease, &q.src, &q.dst, q.overwrite).await?,
+    ))
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct WatchQuery {
+    path: String,
+    /// Also every directory below `path` (default true).
+    recursive: Option<bool>,
+}
+
+/// `GET .../watch?path=&recursive=`: NDJSON filesystem events until the client closes.
+pub async fn watch(
+    State(s): State<AppState>,
+    ApiPath(id): ApiPath<String>,
+    ApiQuery(q): ApiQuery<WatchQuery>,
+) -> Result<Response, EdgeError> {
+    let lease = s.mgr.agent_lease(&id).await?;
+    let lines = crate::watch::watch(lease, &q.path, q.recursive.unwrap_or(true)).await?;
+    Ok((
+        [(header::CONTENT_TYPE, "application/x-ndjson")],
+        Body::from_stream(lines.map(Ok::<_, std::convert::Infallible>)),
+    )
+        .into_response())
 }

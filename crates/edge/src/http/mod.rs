@@ -11,6 +11,7 @@ mod network;
 mod pack;
 mod pause;
 mod ports;
+mod processes;
 mod sandboxes;
 mod status;
 mod templates;
@@ -65,6 +66,34 @@ pub fn router(mgr: Arc<Manager>, token: &str) -> Router {
         .route(&format!("{sb}/files/list"), get(files::list))
         .route(&format!("{sb}/files/stat"), get(files::stat))
         .route(&format!("{sb}/files/mkdir"), post(files::mkdir))
+        .route(&format!("{sb}/files/rename"), post(files::rename))
+        .route(&format!("{sb}/watch"), get(files::watch))
+        .route(&format!("{sb}/metrics"), get(status::sandbox_metrics))
+        .route(
+            &format!("{sb}/processes"),
+            post(processes::start).get(processes::list),
+        )
+        .route(&format!("{sb}/processes/{{pid}}"), get(processes::get))
+        .route(
+            &format!("{sb}/processes/{{pid}}/output"),
+            get(processes::output),
+        )
+        .route(
+            &format!("{sb}/processes/{{pid}}/wait"),
+            post(processes::wait),
+        )
+        .route(
+            &format!("{sb}/processes/{{pid}}/stdin"),
+            post(processes::stdin),
+        )
+        .route(
+            &format!("{sb}/processes/{{pid}}/signal"),
+            post(processes::signal),
+        )
+        .route(
+            &format!("{sb}/processes/{{pid}}/kill"),
+            post(processes::kill),
+        )
         .route(&format!("{sb}/tty"), get(tty::open))
         .route(&format!("{sb}/ports/{{port}}/tunnel"), get(ports::tunnel))
         .route(&format!("{sb}/trajectory"), get(trajectory::export))

@@ -24,3 +24,12 @@ pub async fn metrics(State(s): State<AppState>) -> impl IntoResponse {
 pub async fn healthz() -> &'static str {
     "ok\n"
 }
+
+/// `GET /edge/v1/sandboxes/{id}/metrics`: the sandbox's recent resource samples.
+pub async fn sandbox_metrics(
+    State(s): State<AppState>,
+    super::ApiPath(id): super::ApiPath<String>,
+) -> Result<Json<dsec_wire::api::SandboxMetrics>, crate::error::EdgeError> {
+    s.mgr.get(&id)?;
+    Ok(Json(s.mgr.metrics().sandbox_samples.metrics(&id)))
+}

@@ -15,6 +15,7 @@
 //! rules), [`images`] (image store and pack_diff), [`policies`] (what the TTL reaper and the
 //! node's policies see). This file holds the manager, its per-sandbox entry and the lookups.
 
+mod agent;
 mod create;
 mod images;
 mod jobs;
@@ -28,6 +29,7 @@ mod rollback;
 mod stop;
 mod validate;
 
+pub use agent::AgentLease;
 pub use crate::names::{validate_hostname, validate_user};
 pub use jobs::{labels_match, JobOp};
 pub use validate::{validate_create, Validated};

@@ -27,6 +27,16 @@
 //! | GET | `/v1/sandboxes/{id}/network` | | [`NetworkStatus`] (mode, rules, addresses, denied counters) |
 //! | PUT | `/v1/sandboxes/{id}/network` | [`NetworkSpec`] | [`NetworkStatus`]; effective for new connections at once |
 //! | GET (WebSocket) | `/v1/sandboxes/{id}/tty?rows=R&cols=C&session=S` | binary frames = terminal bytes; text frames = [`TtyControl`] | |
+//! | POST | `/v1/sandboxes/{id}/processes` | [`StartProcessRequest`] | 201 [`ProcessInfo`] |
+//! | GET | `/v1/sandboxes/{id}/processes?all=B` | | [`ProcessList`] (running ones; `all` adds exited ones still kept) |
+//! | GET | `/v1/sandboxes/{id}/processes/{pid}` | | [`ProcessInfo`] (`pid` may also be a tag) |
+//! | GET | `/v1/sandboxes/{id}/processes/{pid}/output?offset=N&follow=B` | | NDJSON [`ProcessEvent`]s |
+//! | POST | `/v1/sandboxes/{id}/processes/{pid}/wait?timeout=S` | | [`ProcessInfo`] |
+//! | POST | `/v1/sandboxes/{id}/processes/{pid}/stdin` | [`ProcessInputRequest`] | [`ProcessInfo`] |
+//! | POST | `/v1/sandboxes/{id}/processes/{pid}/signal` | [`SignalProcessRequest`] | [`ProcessInfo`] |
+//! | POST | `/v1/sandboxes/{id}/files/rename?src=A&dst=B&overwrite=B` | | [`FileInfo`] of `dst` |
+//! | GET | `/v1/sandboxes/{id}/metrics` | | [`SandboxMetrics`] (the edge's recent samples) |
+//! | GET | `/v1/sandboxes/{id}/watch?path=P&recursive=B` | | NDJSON [`FsEvent`]s (first `ready`), until the client closes |
 //! | GET | `/v1/images` | | [`ImageList`] |
 //! | PUT | `/v1/images/{name}` | a tar stream (`content-type: application/x-tar`, gzip accepted) | 201 [`ImageInfo`] |
 //! | DELETE | `/v1/images/{name}` | | 204 |
@@ -43,11 +53,14 @@ mod exec;
 mod files;
 mod function;
 mod image;
+mod metrics;
 mod network;
 mod node;
 mod ports;
+mod process;
 mod snapshot;
 mod trajectory;
+mod watch;
 
 pub use end_reason::*;
 pub use error::*;
@@ -55,11 +68,14 @@ pub use exec::*;
 pub use files::*;
 pub use function::*;
 pub use image::*;
+pub use metrics::*;
 pub use network::*;
 pub use node::*;
 pub use ports::*;
+pub use process::*;
 pub use snapshot::*;
 pub use trajectory::*;
+pub use watch::*;
 
 use std::collections::BTreeMap;
 
