@@ -11,7 +11,9 @@ use dsec_functions::FunctionError;
 use dsec_image::ImageError;
 use dsec_network::NetError;
 use dsec_runtime::aether_client::ChannelError;
-use dsec_runtime::substrate::{CreateSandboxError, ResolveImageError};
+use dsec_runtime::error::PauseError;
+use dsec_runtime::qos::ApplyQosError;
+use dsec_runtime::substrate::{CreateSandboxError, ResolveImageError, WritableLayerError};
 use dsec_trajectory::{CallError, TrajectoryError};
 use dsec_wire::aether::{AetherError, AetherErrorKind};
 use dsec_wire::api::{codes, limits, status_for_code, ErrorBody, ErrorDetail};
@@ -52,6 +54,67 @@ pub enum EdgeError {
     /// Nothing answers on a sandbox port (exposed ports): 502.
     #[error("{0}")]
     PortUnreachable(String),
+
+    // The errors of the crates below, typed; [`EdgeError::code`] maps each to its wire code.
+    /// The image store failed (a missing or malformed image is the caller's).
+    #[error(transparent)]
+    Image(#[from] ImageError),
+    /// The substrate could not create the sandbox (an invalid spec is the caller's).
+    #[error(transparent)]
+    Create(#[from] CreateSandboxError),
+    /// The node's network failed (a full address range makes the node full).
+    #[error(transparent)]
+    Network(NetError),
+    /// A recorded trajectory log could not be read or written.
+    #[error(transparent)]
+    Trajectory(TrajectoryError),
+    #[error("{op}: {source}")]
+    Pause {
+        op: &'static str,
+        #[source]
+        source: PauseError,
+    },
+    #[error("apply QoS class {class:?}: {source}")]
+    Qos {
+        class: dsec_wire::api::QosClass,
+        #[source]
+        source: ApplyQosError,
+    },
+    #[error("{context} of {sandbox}: {source}")]
+    WritableLayer {
+        context: &'static str,
+        sandbox: String,
+        #[source]
+        source: WritableLayerError,
+    },
+    #[error("{context}: {source}")]
+    Io {
+        context: String,
+        #[source]
+        source: std::io::Error,
+    },
+    /// The channel to a sandbox's agent failed (other than closing: that is `SandboxDead`).
+    #[error("sandbox {sandbox}: {source}")]
+    Channel {
+        sandbox: String,
+        #[source]
+        source: ChannelError,
+    },
+    /// The sandbox's agent failed a request on its side.
+    #[error("sandbox agent: {}", .0.message)]
+    Agent(AetherError),
+    /// A download from the sandbox could not be read to the end.
+    #[error("read failed: {0}")]
+    BodyRead(#[source] std::io::Error),
+    /// A sandbox's record could not be persisted.
+    #[error(transparent)]
+    Record(#[from] crate::records::RecordError),
+    /// A create failed and undoing what it built failed too.
+    #[error("{error}; cleanup also failed: {problems}")]
+    CleanupFailed {
+        error: Box<EdgeError>,
+        problems: String,
+    },
 }
 
 /// The trajectory log's failures on the wire: a bad id or a relative path is the caller's
@@ -69,13 +132,13 @@ impl From<TrajectoryError> for EdgeError {
             }
             TrajectoryError::StepConflict { .. } => EdgeError::Conflict(e.to_string()),
             TrajectoryError::Recorded(d) => EdgeError::from_detail(&d),
-            TrajectoryError::Io { context, source } => EdgeError::internal(&context, &*source),
-            TrajectoryError::StepLost { .. }
+            TrajectoryError::Io { .. }
+            | TrajectoryError::StepLost { .. }
             | TrajectoryError::StepTask { .. }
             | TrajectoryError::BadDigest(_)
             | TrajectoryError::DamagedBlob(_)
             | TrajectoryError::UnreadableResult { .. }
-            | TrajectoryError::UnreadableContent { .. } => EdgeError::Internal(e.to_string()),
+            | TrajectoryError::UnreadableContent { .. } => EdgeError::Trajectory(e),
         }
     }
 }
@@ -95,9 +158,36 @@ pub enum Subject {
 }
 
 impl EdgeError {
-    /// Stable wire code.
+    /// Stable wire code: the one place every error, the typed ones of the crates below
+    /// included, gets its code (and so its HTTP status, [`status_for_code`]).
     pub fn code(&self) -> &'static str {
         match self {
+            EdgeError::Image(e) => match e {
+                ImageError::NotFound(_) => codes::IMAGE_NOT_FOUND,
+                ImageError::InvalidName(_) | ImageError::Import { .. } => codes::BAD_REQUEST,
+                ImageError::InUse { .. } => codes::CONFLICT,
+                _ => codes::INTERNAL,
+            },
+            EdgeError::Create(e) => match e {
+                CreateSandboxError::InvalidSpec(_) => codes::BAD_REQUEST,
+                _ => codes::INTERNAL,
+            },
+            EdgeError::Network(e) => match e {
+                NetError::Policy(_) => codes::BAD_REQUEST,
+                NetError::InUse(_) => codes::NODE_UNAVAILABLE,
+                NetError::Exhausted(_) => codes::NODE_FULL,
+                _ => codes::INTERNAL,
+            },
+            EdgeError::Trajectory(_)
+            | EdgeError::Pause { .. }
+            | EdgeError::Qos { .. }
+            | EdgeError::WritableLayer { .. }
+            | EdgeError::Io { .. }
+            | EdgeError::Channel { .. }
+            | EdgeError::Agent(_)
+            | EdgeError::BodyRead(_)
+            | EdgeError::Record(_)
+            | EdgeError::CleanupFailed { .. } => codes::INTERNAL,
             EdgeError::BadRequest(_) => codes::BAD_REQUEST,
             EdgeError::Unauthorized(_) => codes::UNAUTHORIZED,
             EdgeError::Forbidden(_) => codes::FORBIDDEN,
@@ -123,11 +213,24 @@ impl EdgeError {
             .unwrap_or(StatusCode::INTERNAL_SERVER_ERROR)
     }
 
-    /// The wire form (also used for `StreamEvent::Error`).
+    /// The wire form (also used for `StreamEvent::Error`): an internal error's message has its
+    /// whole source chain.
     pub fn detail(&self) -> ErrorDetail {
+        let mut message = self.to_string();
+        if self.status().is_server_error() {
+            let mut src = std::error::Error::source(self);
+            while let Some(s) = src {
+                let part = s.to_string();
+                if !message.contains(&part) {
+                    message.push_str(": ");
+                    message.push_str(&part);
+                }
+                src = s.source();
+            }
+        }
         ErrorDetail {
             code: self.code().to_string(),
-            message: self.to_string(),
+            message,
         }
     }
 
@@ -165,7 +268,10 @@ impl EdgeError {
                 "sandbox {sandbox} is gone: the channel to its agent closed (it was stopped or died)"
             )),
             ChannelError::Aether(e) => Self::from_aether(subject, e),
-            other => EdgeError::internal(&format!("sandbox {sandbox}"), &other),
+            source => EdgeError::Channel {
+                sandbox: sandbox.to_string(),
+                source,
+            },
         }
     }
 
@@ -180,33 +286,8 @@ impl EdgeError {
                 Subject::Session | Subject::Other => EdgeError::NotFound(e.message),
             },
             AetherErrorKind::PermissionDenied => EdgeError::Forbidden(e.message),
-            AetherErrorKind::Setup | AetherErrorKind::Internal => {
-                EdgeError::Internal(format!("sandbox agent: {}", e.message))
-            }
+            AetherErrorKind::Setup | AetherErrorKind::Internal => EdgeError::Agent(e),
             AetherErrorKind::Busy => EdgeError::SandboxBusy(e.message),
-        }
-    }
-
-    /// Maps an image store error.
-    pub fn from_image(err: ImageError) -> Self {
-        match err {
-            ImageError::NotFound(_) => EdgeError::ImageNotFound(err.to_string()),
-            ImageError::InvalidName(_) => EdgeError::BadRequest(err.to_string()),
-            ImageError::InUse { .. } => EdgeError::Conflict(err.to_string()),
-            ImageError::Import { .. } => EdgeError::BadRequest(err.to_string()),
-            ImageError::Mount { .. } | ImageError::Corrupt { .. } | ImageError::Io(_) => {
-                EdgeError::internal("image store", &err)
-            }
-        }
-    }
-
-    /// Maps a substrate create error.
-    pub fn from_create(err: CreateSandboxError) -> Self {
-        match err {
-            CreateSandboxError::InvalidSpec(m) => {
-                EdgeError::BadRequest(format!("invalid sandbox spec: {m}"))
-            }
-            other => EdgeError::internal("create sandbox", &other),
         }
     }
 
@@ -219,16 +300,16 @@ impl EdgeError {
     }
 }
 
-/// Network errors: a policy the user got wrong is a bad request, another edge holding the
-/// host's network names makes this node unavailable, a full subnet makes it full; the rest
-/// (a tool or the DNS proxy failing) is internal.
+/// Network errors: a policy the user got wrong is a bad request (its message without the
+/// `network policy:` prefix), another edge holding the host's network names makes this node
+/// unavailable; the rest stays typed ([`EdgeError::code`]: a full subnet makes the node full,
+/// a tool or the DNS proxy failing is internal).
 impl From<NetError> for EdgeError {
     fn from(e: NetError) -> Self {
         match e {
             NetError::Policy(p) => EdgeError::BadRequest(p.to_string()),
             NetError::InUse(m) => EdgeError::Unavailable(m),
-            e @ NetError::Exhausted(_) => EdgeError::NodeFull(e.to_string()),
-            other => EdgeError::Internal(other.to_string()),
+            other => EdgeError::Network(other),
         }
     }
 }
@@ -300,7 +381,7 @@ pub fn function_error_response(e: FunctionError) -> Response {
             resp
         }
         FunctionError::BadRequest(m) => EdgeError::BadRequest(m).into_response(),
-        FunctionError::Image(e) => EdgeError::from_image(e).into_response(),
+        FunctionError::Image(e) => EdgeError::Image(e).into_response(),
         FunctionError::Worker(m) => {
             tracing::error!(error = %m, "function worker");
             EdgeError::Internal(m).into_response()
@@ -380,10 +461,10 @@ mod tests {
 
     #[test]
     fn image_errors() {
-        let e = EdgeError::from_image(ImageError::NotFound("nope".into()));
+        let e = EdgeError::from(ImageError::NotFound("nope".into()));
         assert_eq!(e.code(), codes::IMAGE_NOT_FOUND);
         assert!(e.to_string().contains("nope") && e.to_string().contains("import"));
-        let e = EdgeError::from_image(ImageError::InUse {
+        let e = EdgeError::from(ImageError::InUse {
             name: "a".into(),
             users: 2,
         });

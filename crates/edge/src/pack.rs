@@ -59,7 +59,7 @@ pub async fn pack_diff(
     parent_digests: &[String],
     req: &PackDiffRequest,
 ) -> Result<ImageInfo, EdgeError> {
-    let name = dsec_image::canonical_name(&req.name).map_err(EdgeError::from_image)?;
+    let name = dsec_image::canonical_name(&req.name).map_err(EdgeError::Image)?;
     if req.exclude.len() > MAX_EXCLUDES {
         return Err(EdgeError::BadRequest(format!(
             "at most {MAX_EXCLUDES} exclude paths"
@@ -72,25 +72,32 @@ pub async fn pack_diff(
         .collect::<Result<Vec<_>, _>>()?;
     let started = Instant::now();
     // A VM's writable layer is a disk image: the substrate exposes it (read-only, guest held).
-    if let Some(layer) = sandbox
-        .writable_layer()
-        .await
-        .map_err(|e| EdgeError::Internal(format!("expose the writable layer of {id}: {e}")))?
+    if let Some(layer) =
+        sandbox
+            .writable_layer()
+            .await
+            .map_err(|source| EdgeError::WritableLayer {
+                context: "expose the writable layer",
+                sandbox: id.to_string(),
+                source,
+            })?
     {
         let built = images.build_layer(&name, &layer.upper, &exclude).await;
         if let Err(e) = (layer.release)().await {
             tracing::error!(sandbox = %id, error = %e, "release the writable layer after pack_diff");
-            return Err(EdgeError::Internal(format!(
-                "release the writable layer of {id} after pack_diff: {e}"
-            )));
+            return Err(EdgeError::WritableLayer {
+                context: "release after pack_diff the writable layer",
+                sandbox: id.to_string(),
+                source: e,
+            });
         }
-        let built = built.map_err(EdgeError::from_image)?;
+        let built = built.map_err(EdgeError::Image)?;
         let parent = parent_images.first().cloned();
         let source = format!("pack_diff {id} of {}", parent_images.join("+"));
         let info = images
             .register_derived(&name, parent_digests, built, parent, source)
             .await
-            .map_err(EdgeError::from_image)?;
+            .map_err(EdgeError::Image)?;
         tracing::info!(sandbox = %id, image = %info.name, held_ms = started.elapsed().as_secs_f64() * 1000.0, "pack_diff (disk image)");
         return Ok(info);
     }
@@ -100,23 +107,29 @@ pub async fn pack_diff(
         sandbox
             .pause(false)
             .await
-            .map_err(|e| EdgeError::internal("freeze sandbox for pack_diff", &e))?;
+            .map_err(|source| EdgeError::Pause {
+                op: "freeze sandbox for pack_diff",
+                source,
+            })?;
     }
     let built = images.build_layer(&name, &upper, &exclude).await;
     if !was_paused {
         if let Err(e) = sandbox.resume().await {
             tracing::error!(sandbox = %id, error = %e, "thaw after pack_diff");
-            return Err(EdgeError::internal("thaw sandbox after pack_diff", &e));
+            return Err(EdgeError::Pause {
+                op: "thaw sandbox after pack_diff",
+                source: e,
+            });
         }
     }
     let frozen_ms = started.elapsed().as_secs_f64() * 1000.0;
-    let built = built.map_err(EdgeError::from_image)?;
+    let built = built.map_err(EdgeError::Image)?;
     let parent = parent_images.first().cloned();
     let source = format!("pack_diff {id} of {}", parent_images.join("+"));
     let info = images
         .register_derived(&name, parent_digests, built, parent, source)
         .await
-        .map_err(EdgeError::from_image)?;
+        .map_err(EdgeError::Image)?;
     tracing::info!(sandbox = %id, image = %info.name, frozen_ms, layers = info.layers.len(), "pack_diff");
     Ok(info)
 }

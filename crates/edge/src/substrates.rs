@@ -31,7 +31,7 @@ struct Slot {
     kind: Kind,
     what: &'static str,
     /// The substrate, or why this node has none; `None`: not opened on this edge.
-    opened: Option<Result<Arc<dyn Substrate>, String>>,
+    opened: Option<Result<Arc<dyn Substrate>, Unavailable>>,
 }
 
 /// The substrates of one edge.
@@ -49,7 +49,7 @@ impl Substrates {
         for (kind, what, open) in REGISTRY {
             let opened = match given.iter().find(|g| g.kind() == *kind) {
                 Some(g) => Ok(g.clone()),
-                None => open(ctx).map_err(|e| e.0),
+                None => open(ctx),
             };
             if let Err(why) = &opened {
                 tracing::info!(substrate = what, reason = %why, "substrate not available");
@@ -205,7 +205,7 @@ mod tests {
     #[test]
     fn unavailable_substrates_keep_the_reason() {
         let mut s = Substrates::only("n0", Arc::new(Idle));
-        s.slots[1].opened = Some(Err("qemu is not installed".into()));
+        s.slots[1].opened = Some(Err(Unavailable("qemu is not installed".into())));
         let e = s.get(Kind::Microvm).err().unwrap();
         assert!(e.to_string().ends_with(": qemu is not installed"), "{e}");
         assert_eq!(s.available().count(), 1);

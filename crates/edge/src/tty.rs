@@ -29,9 +29,14 @@ pub fn check_size(rows: u16, cols: u16) -> Result<(), EdgeError> {
 }
 
 /// What a text frame from the client asks for.
-pub fn parse_control(text: &str) -> Result<TtyControl, String> {
-    serde_json::from_str(text).map_err(|e| format!("bad control frame: {e}"))
+pub fn parse_control(text: &str) -> Result<TtyControl, BadControlFrame> {
+    serde_json::from_str(text).map_err(BadControlFrame)
 }
+
+/// A text frame that is not a control message.
+#[derive(Debug, thiserror::Error)]
+#[error("bad control frame: {0}")]
+pub struct BadControlFrame(#[source] serde_json::Error);
 
 /// An open terminal in a sandbox, ready to be bridged to a WebSocket.
 pub struct Tty {

@@ -40,7 +40,7 @@ pub async fn import(
             .image_store()
             .import_archive(&name, reader, format)
             .await
-            .map_err(EdgeError::from_image)?
+            .map_err(EdgeError::Image)?
     };
     Ok((StatusCode::CREATED, Json(info)))
 }
@@ -70,7 +70,7 @@ pub async fn action(
     super::ApiJson(req): super::ApiJson<ImageActionRequest>,
 ) -> Result<axum::response::Response, EdgeError> {
     use axum::response::IntoResponse;
-    let name = dsec_image::canonical_name(&name).map_err(EdgeError::from_image)?;
+    let name = dsec_image::canonical_name(&name).map_err(EdgeError::Image)?;
     let streaming = headers
         .get(axum::http::header::ACCEPT)
         .and_then(|v| v.to_str().ok())
@@ -146,7 +146,7 @@ async fn run_action(
             store
                 .pull(name, &reference, &opts, progress)
                 .await
-                .map_err(EdgeError::from_image)
+                .map_err(EdgeError::Image)
         }
         ImageActionRequest::Fold {
             max_layer_bytes,
@@ -156,7 +156,7 @@ async fn run_action(
             store
                 .fold(name, max, into.as_deref())
                 .await
-                .map_err(EdgeError::from_image)
+                .map_err(EdgeError::Image)
         }
     }
 }

@@ -96,10 +96,10 @@ impl Manager {
                 if problems.is_empty() {
                     Err(e)
                 } else {
-                    Err(EdgeError::Internal(format!(
-                        "{e}; cleanup also failed: {}",
-                        problems.join("; ")
-                    )))
+                    Err(EdgeError::CleanupFailed {
+                        error: Box::new(e),
+                        problems: problems.join("; "),
+                    })
                 }
             }
         }
@@ -213,7 +213,7 @@ impl Manager {
                 self.images
                     .acquire_composed(&v.image, v.workspace.as_deref(), &v.toolkits)
                     .await
-                    .map_err(EdgeError::from_image)?,
+                    .map_err(EdgeError::Image)?,
             ),
         };
         let image = lease
@@ -276,10 +276,10 @@ impl Manager {
         let reuse = caps.early_teardown && disk_limit_mb.is_none();
         let spare = self.cfg.edge_dir().join(records::SPARE_DIR);
         if let Err(e) = records::make_sandbox_dir(&dir, &spare, reuse) {
-            return Err(EdgeError::internal(
-                &format!("create {}", dir.display()),
-                &e,
-            ));
+            return Err(EdgeError::Io {
+                context: format!("create {}", dir.display()),
+                source: e,
+            });
         }
         {
             let dir = dir.clone();
@@ -320,7 +320,7 @@ impl Manager {
         let sandbox: Arc<dyn LiveSandbox> = driver
             .create(spec, opts)
             .await
-            .map_err(EdgeError::from_create)?
+            .map_err(EdgeError::Create)?
             .into();
         {
             let sandbox = sandbox.clone();
@@ -351,12 +351,11 @@ impl Manager {
         record.pid = sandbox.pid();
         let persisted = match qos.map(|q| (q, net_ready)) {
             Ok((_, Err(e))) => Err(e),
-            Ok((_, Ok(()))) => records::write_new(&dir, &record)
-                .map_err(|e| EdgeError::internal("persist record", &e)),
-            Err(e) => Err(EdgeError::Internal(format!(
-                "apply QoS class {:?}: {e}",
-                v.qos
-            ))),
+            Ok((_, Ok(()))) => records::write_new(&dir, &record).map_err(EdgeError::Record),
+            Err(source) => Err(EdgeError::Qos {
+                class: v.qos,
+                source,
+            }),
         };
         persisted?;
         let lease = lock(&lease).take();

@@ -14,11 +14,11 @@ impl Manager {
     where
         R: tokio::io::AsyncRead + Send + Unpin + 'static,
     {
-        let name = dsec_image::canonical_name(name).map_err(EdgeError::from_image)?;
+        let name = dsec_image::canonical_name(name).map_err(EdgeError::Image)?;
         self.images
             .import_tar(&name, reader)
             .await
-            .map_err(EdgeError::from_image)
+            .map_err(EdgeError::Image)
     }
 
     /// `pack_diff`: the sandbox's writable layer becomes image `req.name` = its layers + diff.
@@ -93,8 +93,8 @@ impl Manager {
     }
 
     pub fn remove_image(&self, name: &str) -> Result<(), EdgeError> {
-        let name = dsec_image::canonical_name(name).map_err(EdgeError::from_image)?;
-        self.images.remove(&name).map_err(EdgeError::from_image)?;
+        let name = dsec_image::canonical_name(name).map_err(EdgeError::Image)?;
+        self.images.remove(&name).map_err(EdgeError::Image)?;
         // Layer files may be gone: what substrates keep per layer file (the microVM's
         // virtio-pmem copies) too, in the background.
         if let Ok(rt) = tokio::runtime::Handle::try_current() {

@@ -42,7 +42,10 @@ impl Manager {
             .sandbox
             .pause(self.cfg.reclaim_on_pause)
             .await
-            .map_err(|err| EdgeError::internal("pause", &err));
+            .map_err(|source| EdgeError::Pause {
+                op: "pause",
+                source,
+            });
         let request = serde_json::json!({ "reclaim": self.cfg.reclaim_on_pause });
         let report = match report {
             Ok(r) => {
@@ -79,11 +82,10 @@ impl Manager {
                 )))
             }
         }
-        let resumed = e
-            .sandbox
-            .resume()
-            .await
-            .map_err(|err| EdgeError::internal("resume", &err));
+        let resumed = e.sandbox.resume().await.map_err(|source| EdgeError::Pause {
+            op: "resume",
+            source,
+        });
         let result = resumed.as_ref().map(|_| serde_json::json!({}));
         self.traj
             .note(&e.id, "resume", serde_json::json!({}), result);

@@ -60,7 +60,7 @@ impl Manager {
                             adopted.push(f.id.clone());
                             continue;
                         }
-                        Err(e) => e,
+                        Err(e) => e.to_string(),
                     }
                 }
                 Ok(rec) => format!(
@@ -133,29 +133,30 @@ impl Manager {
         id: &str,
         dir: &Path,
         rec: &SandboxRecord,
-    ) -> Result<(), String> {
+    ) -> Result<(), ReadoptError> {
         if !is_valid_sandbox_id(id) || rec.info.id != id {
-            return Err(format!("record names sandbox {:?}", rec.info.id));
+            return Err(ReadoptError::WrongId(rec.info.id.clone()));
         }
         let substrate = self
             .substrates
             .get(rec.info.substrate)
-            .map_err(|e| e.to_string())?;
+            .map_err(ReadoptError::Substrate)?;
         // A disk-image substrate (full VM) boots a disk image, not the layer store's image:
         // no lease.
         let lease = match substrate.capabilities().image_source {
             ImageSource::DiskImage => None,
-            ImageSource::Layers => Some(
-                self.images
-                    .acquire(&rec.image)
-                    .await
-                    .map_err(|e| format!("re-take image lease on {}: {e}", rec.image))?,
-            ),
+            ImageSource::Layers => {
+                Some(self.images.acquire(&rec.image).await.map_err(|source| {
+                    ReadoptError::Lease {
+                        image: rec.image.clone(),
+                        source,
+                    }
+                })?)
+            }
         };
         let sandbox: Arc<dyn dsec_runtime::substrate::LiveSandbox> = substrate
             .adopt(id.to_string(), dir.to_path_buf(), rec.pid)
-            .await
-            .map_err(|e| e.to_string())?
+            .await?
             .into();
         let mut info = rec.info.clone();
         let paused = sandbox.is_paused();
@@ -204,4 +205,21 @@ impl Manager {
         self.watch(entry);
         Ok(())
     }
+}
+
+/// Why a recorded sandbox could not be re-adopted (the reason in its tombstone).
+#[derive(Debug, thiserror::Error)]
+enum ReadoptError {
+    #[error("record names sandbox {0:?}")]
+    WrongId(String),
+    #[error(transparent)]
+    Substrate(crate::error::EdgeError),
+    #[error("re-take image lease on {image}: {source}")]
+    Lease {
+        image: String,
+        #[source]
+        source: dsec_image::ImageError,
+    },
+    #[error(transparent)]
+    Adopt(#[from] dsec_runtime::error::AdoptError),
 }

@@ -61,14 +61,12 @@ pub fn validate_create(
         .check_request(req)
         .map_err(|e| EdgeError::BadRequest(e.0))?;
     let image = match substrate.capabilities().image_source {
-        ImageSource::Layers => {
-            dsec_image::canonical_name(&req.image).map_err(EdgeError::from_image)?
-        }
+        ImageSource::Layers => dsec_image::canonical_name(&req.image).map_err(EdgeError::Image)?,
         // Checked by the substrate; resolved to its file when the sandbox is built.
         ImageSource::DiskImage => req.image.clone(),
     };
     let workspace = match &req.workspace {
-        Some(w) => Some(dsec_image::canonical_name(w).map_err(EdgeError::from_image)?),
+        Some(w) => Some(dsec_image::canonical_name(w).map_err(EdgeError::Image)?),
         None => None,
     };
     if req.toolkits.len() > 16 {
@@ -79,7 +77,7 @@ pub fn validate_create(
     let toolkits = req
         .toolkits
         .iter()
-        .map(|t| dsec_image::canonical_name(t).map_err(EdgeError::from_image))
+        .map(|t| dsec_image::canonical_name(t).map_err(EdgeError::Image))
         .collect::<Result<Vec<_>, _>>()?;
     let memory_mb = req.memory_limit_mb.unwrap_or(cfg.default_memory_mb);
     if memory_mb < 16 || memory_mb > cfg.max_memory_mb {

@@ -193,7 +193,7 @@ pub async fn collect_download(d: Download, max: u64) -> Result<Content, EdgeErro
     let mut body = d.body;
     let mut buf = bytes::BytesMut::new();
     while let Some(chunk) = body.next().await {
-        let chunk = chunk.map_err(|e| EdgeError::Internal(format!("read failed: {e}")))?;
+        let chunk = chunk.map_err(EdgeError::BodyRead)?;
         if (buf.len() + chunk.len()) as u64 > max {
             return Err(EdgeError::PayloadTooLarge(format!(
                 "a stepped read is kept in the trajectory log and may be at most {max} bytes; \
