@@ -697,17 +697,13 @@ async fn run_call(w: &mut worker::Worker, p: &Prepared, req: &FunctionCallReques
             early: false,
             fetch: Vec::new(),
         };
-        let ans = w
-            .exchange(&req_c, Duration::from_millis(p.compile_ms) + margin)
+        let (ans, mem) = w
+            .measured(&req_c, Duration::from_millis(p.compile_ms) + margin, base)
             .await;
-        let mem = w.disarm(base);
         let ans = match ans {
             Ok(a) => a,
             Err(e) => return broken(e.to_string()),
         };
-        if let Some(e) = ans.error {
-            return broken(format!("the fork-server failed: {e}"));
-        }
         let Some(r) = ans.results.first() else {
             return broken("the fork-server ran no compile step".into());
         };
@@ -763,17 +759,17 @@ async fn run_call(w: &mut worker::Worker, p: &Prepared, req: &FunctionCallReques
         fetch: p.fetch.clone(),
     };
     let base = w.arm(p.memory_mb, p.pids);
-    let ans = w
-        .exchange(&run_req, Duration::from_millis(p.timeout_ms) * n + margin)
+    let (ans, mem) = w
+        .measured(
+            &run_req,
+            Duration::from_millis(p.timeout_ms) * n + margin,
+            base,
+        )
         .await;
-    let mem = w.disarm(base);
     let ans = match ans {
         Ok(a) => a,
         Err(e) => return broken(e.to_string()),
     };
-    if let Some(e) = ans.error {
-        return broken(format!("the fork-server failed: {e}"));
-    }
     if ans.results.len() != stdins.len() {
         return broken(format!(
             "the fork-server ran {} of {} runs",

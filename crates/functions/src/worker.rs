@@ -69,6 +69,16 @@ pub enum ForkServerError {
     BadAnswer(serde_json::Error),
 }
 
+/// Why one step of a call broke the worker.
+#[derive(Debug, thiserror::Error)]
+pub enum StepError {
+    #[error(transparent)]
+    Channel(#[from] ForkServerError),
+    /// The fork-server answered with a failure of its own.
+    #[error("the fork-server failed: {0}")]
+    Server(String),
+}
+
 /// The fork-server's source, run with `python3 -I -c`.
 pub const FORKSERVER: &str = include_str!("../guest/forkserver.py");
 /// How long a new worker may take to answer "ready".
@@ -391,6 +401,25 @@ impl Worker {
             Ok(r) => r,
             Err(_) => Err(ForkServerError::AnswerTimeout(deadline)),
         }
+    }
+
+    /// One step of a call armed by [`Worker::arm`] (`base`): the exchange, then the memory
+    /// report. The answer, or why the worker is broken (its channel failed, or the fork-server
+    /// itself reported a failure).
+    pub async fn measured(
+        &mut self,
+        req: &ServerRequest,
+        deadline: Duration,
+        base: u64,
+    ) -> (Result<ServerAnswer, StepError>, MemoryReport) {
+        let ans = self.exchange(req, deadline).await;
+        let mem = self.disarm(base);
+        let ans = match ans {
+            Ok(ServerAnswer { error: Some(e), .. }) => Err(StepError::Server(e)),
+            Ok(a) => Ok(a),
+            Err(e) => Err(e.into()),
+        };
+        (ans, mem)
     }
 
     /// Reads the answer that follows an `early` one (the call's cleanup). Any error means the

@@ -400,11 +400,9 @@ mod tests {
         }
     }
 
-    #[test]
-    fn scripts() {
-        let b = base();
-        assert!(base_script(&b).contains("iifname \"dsv*\" drop"));
-        let allows = vec![
+    /// A TCP range, a UDP port and an ICMP host, over IPv4 and IPv6.
+    fn sample_allows() -> Vec<Allow> {
+        vec![
             Allow {
                 cidr: parse_cidr("192.0.2.0/24").unwrap(),
                 proto: Proto::Tcp,
@@ -420,7 +418,14 @@ mod tests {
                 proto: Proto::Icmp,
                 ports: (0, 0),
             },
-        ];
+        ]
+    }
+
+    #[test]
+    fn scripts() {
+        let b = base();
+        assert!(base_script(&b).contains("iifname \"dsv*\" drop"));
+        let allows = sample_allows();
         let r = SandboxRules {
             key: "abc",
             veth: "dsvabc",
@@ -523,28 +528,12 @@ mod tests {
             }
         }
         let _scratch = Scratch(b.table.clone());
-        let allows = vec![
-            Allow {
-                cidr: parse_cidr("192.0.2.0/24").unwrap(),
-                proto: Proto::Tcp,
-                ports: (80, 443),
-            },
-            Allow {
-                cidr: parse_cidr("fd01::/64").unwrap(),
-                proto: Proto::Udp,
-                ports: (53, 53),
-            },
-            Allow {
-                cidr: parse_cidr("198.51.100.1").unwrap(),
-                proto: Proto::Icmp,
-                ports: (0, 0),
-            },
-            Allow {
-                cidr: parse_cidr("fd02::1").unwrap(),
-                proto: Proto::Icmp,
-                ports: (0, 0),
-            },
-        ];
+        let mut allows = sample_allows();
+        allows.push(Allow {
+            cidr: parse_cidr("fd02::1").unwrap(),
+            proto: Proto::Icmp,
+            ports: (0, 0),
+        });
         let r = SandboxRules {
             key: "0123abcd",
             veth: "dsv0123abcd",

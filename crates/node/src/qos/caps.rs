@@ -10,21 +10,16 @@ use dsec_wire::api::{Capability, NodeCapabilities};
 
 use dsec_runtime::qos::{errno_name, PR_SCHED_CORE, PR_SCHED_CORE_GET};
 
-/// What the edge found at start (a plain struct: copy it freely).
+/// What the edge found at start: the wire's [`NodeCapabilities`] (the node status shows it
+/// as it is), with the probes that fill it in. Derefs to the fields.
 #[derive(Debug, Clone, Default, PartialEq)]
-pub struct Caps {
-    /// `v1` or `v2`.
-    pub cgroup_version: String,
-    pub cpu_idle: Capability,
-    pub core_scheduling: Capability,
-    pub sched_idle: Capability,
-    pub smt: Capability,
-    pub psi: Capability,
-    pub damon: Capability,
-    pub zram: Capability,
-    pub ksm: Capability,
-    /// cgroup `favordynmods` (turned on by the container substrate at start).
-    pub cgroup_favordynmods: Capability,
+pub struct Caps(pub NodeCapabilities);
+
+impl std::ops::Deref for Caps {
+    type Target = NodeCapabilities;
+    fn deref(&self) -> &NodeCapabilities {
+        &self.0
+    }
 }
 
 fn yes(detail: impl Into<String>) -> Capability {
@@ -113,7 +108,7 @@ impl Caps {
             Some(f) => no(f.detail()),
             None => no("not enabled (no container substrate in this process)"),
         };
-        Caps {
+        Caps(NodeCapabilities {
             cgroup_favordynmods,
             cgroup_version: cgroup_version.into(),
             cpu_idle,
@@ -124,23 +119,12 @@ impl Caps {
             damon,
             zram,
             ksm,
-        }
+        })
     }
 
     /// The wire form (node status).
     pub fn to_wire(&self) -> NodeCapabilities {
-        NodeCapabilities {
-            cgroup_version: self.cgroup_version.clone(),
-            cpu_idle: self.cpu_idle.clone(),
-            core_scheduling: self.core_scheduling.clone(),
-            sched_idle: self.sched_idle.clone(),
-            smt: self.smt.clone(),
-            psi: self.psi.clone(),
-            damon: self.damon.clone(),
-            zram: self.zram.clone(),
-            ksm: self.ksm.clone(),
-            cgroup_favordynmods: self.cgroup_favordynmods.clone(),
-        }
+        self.0.clone()
     }
 }
 

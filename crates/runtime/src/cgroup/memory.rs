@@ -474,10 +474,7 @@ mod tests {
 
     #[test]
     fn v1_against_fixture() {
-        let d = tempfile::tempdir().unwrap();
-        for c in crate::cgroup::v1::CONTROLLERS {
-            std::fs::create_dir(d.path().join(c)).unwrap();
-        }
+        let d = crate::cgroup::v1::fixture();
         let root = CgroupRoot::detect_at(d.path());
         let parent = SandboxesParent::new(&root, "dsec/n0").unwrap();
         assert_eq!(parent.dir(), d.path().join("memory/dsec/n0"));

@@ -121,10 +121,7 @@ mod tests {
 
     #[test]
     fn v1_shares_and_idle() {
-        let d = tempfile::tempdir().unwrap();
-        for c in crate::cgroup::v1::CONTROLLERS {
-            std::fs::create_dir(d.path().join(c)).unwrap();
-        }
+        let d = crate::cgroup::v1::fixture();
         let root = CgroupRoot::detect_at(d.path());
         let cg = Cgroup::create(&root, "dsec/n0", "sb-1", &Limits::default()).unwrap();
         let cpu = d.path().join("cpu/dsec/n0/sb-1");
@@ -218,10 +215,7 @@ mod tests {
         assert_eq!(cg.memory_working_set().unwrap(), 7000);
         assert_eq!(cg.cpu_usage_ns().unwrap(), 1_500_000);
         // v1: usage_in_bytes - total_inactive_file.
-        let d = tempfile::tempdir().unwrap();
-        for c in crate::cgroup::v1::CONTROLLERS {
-            std::fs::create_dir(d.path().join(c)).unwrap();
-        }
+        let d = crate::cgroup::v1::fixture();
         let root = CgroupRoot::detect_at(d.path());
         let cg = Cgroup::create(&root, "p", "sb-5", &Limits::default()).unwrap();
         let mem = d.path().join("memory/p/sb-5");

@@ -235,18 +235,20 @@ pub fn list(root: &Path, parent: &Path) -> Result<Vec<String>, CgroupError> {
     Ok(out)
 }
 
+/// A v1 hierarchy for unit tests: a temporary directory with one folder per controller.
+#[cfg(test)]
+pub(crate) fn fixture() -> tempfile::TempDir {
+    let d = tempfile::tempdir().unwrap();
+    for c in CONTROLLERS {
+        std::fs::create_dir(d.path().join(c)).unwrap();
+    }
+    d
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::cgroup::{Cgroup, CgroupRoot, CgroupVersion};
-
-    fn fixture() -> tempfile::TempDir {
-        let d = tempfile::tempdir().unwrap();
-        for c in CONTROLLERS {
-            std::fs::create_dir(d.path().join(c)).unwrap();
-        }
-        d
-    }
 
     #[test]
     fn create_writes_limits() {

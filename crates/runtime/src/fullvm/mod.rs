@@ -36,13 +36,11 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use dsec_wire::aether::Request;
-use dsec_wire::api::PauseReport;
 
 use crate::aether_client::AetherClient;
-use crate::error::PauseError;
 use crate::qemu::vm::{self, Launch, Vm};
 use crate::qemu::Accel;
-use crate::substrate::{CreateSandboxError, DestroySandboxError, SandboxSpec, Usage};
+use crate::substrate::{CreateSandboxError, DestroySandboxError, SandboxSpec};
 pub use qemu::{DirectBoot, PcMachine};
 
 /// The kernel command line of a direct kernel boot when the image has no `<stem>.cmdline`.
@@ -138,55 +136,12 @@ impl std::fmt::Debug for FullVmSandbox {
     }
 }
 
-impl FullVmSandbox {
-    /// Resolves when the VM is gone (QEMU died on its own, or it was destroyed).
-    pub async fn exited(&self) {
-        self.vm.dead().await
-    }
-
-    pub fn has_exited(&self) -> bool {
-        self.vm.has_died()
-    }
-
-    /// Why QEMU died on its own, if it did.
-    pub fn death_reason(&self) -> Option<String> {
-        self.vm.death_reason()
-    }
-
-    /// The VM's directory on the host (overlay, sockets, console log, snapshot).
-    pub fn vm_dir(&self) -> &Path {
-        &self.vm_dir
-    }
-}
-
 impl vm::VmSandbox for FullVmSandbox {
     fn vm(&self) -> &vm::Vm {
         &self.vm
     }
     fn vm_dir(&self) -> &Path {
         &self.vm_dir
-    }
-}
-
-impl FullVmSandbox {
-    pub fn id(&self) -> &str {
-        &self.id
-    }
-    /// The channel to the guest's aether.
-    pub fn aether(&self) -> &AetherClient {
-        self.vm.aether()
-    }
-    /// Host pid of the VM's QEMU (0 while paused).
-    pub fn pid(&self) -> i32 {
-        self.vm.pid()
-    }
-    pub fn usage(&self) -> Usage {
-        let (rss, _, _) = crate::qemu::vm::rss_of(self.vm.pid());
-        Usage {
-            memory_bytes: rss,
-            pids: 1,
-            oom_kills: 0,
-        }
     }
 }
 

@@ -19,7 +19,7 @@ use crate::substrate::vm::{adopt_paused_vm, installed, VmGuest, VmLive};
 use crate::substrate::{
     BoxFut, Capabilities, CreateOptions, CreateSandboxError, DiskLimit, ImageSource,
     InvalidRequest, LiveSandbox, OpenContext, ResolveImageError, SandboxSpec, Substrate,
-    Unavailable, Usage,
+    Unavailable,
 };
 
 /// What full VMs can do.
@@ -177,11 +177,7 @@ impl Substrate for FullVmDriver {
 
 impl VmGuest for FullVmSandbox {
     fn id(&self) -> &str {
-        FullVmSandbox::id(self)
-    }
-
-    fn usage(&self) -> Usage {
-        FullVmSandbox::usage(self)
+        &self.id
     }
 }
 

@@ -46,8 +46,7 @@ use std::process::Stdio;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime};
 
-use crate::aether_client::AetherClient;
-use crate::substrate::{CreateSandboxError, DestroySandboxError, SandboxSpec, Usage};
+use crate::substrate::{CreateSandboxError, DestroySandboxError, SandboxSpec};
 use create::pmem_copy;
 pub use error::{GuestLayerError, GuestNotBuilt, TemplateError, ToolError, UpperError};
 pub use qemu::{Accel, GuestLayer, Machine};
@@ -159,21 +158,6 @@ impl MicroVmSandbox {
         self.boot
     }
 
-    /// Resolves when the VM is gone (QEMU died on its own, or the VM was destroyed); a pause
-    /// ending QEMU does not count.
-    pub async fn exited(&self) {
-        self.vm.dead().await
-    }
-
-    pub fn has_exited(&self) -> bool {
-        self.vm.has_died()
-    }
-
-    /// The VM's directory on the host (sockets, initramfs, console log, disk, snapshot).
-    pub fn vm_dir(&self) -> &Path {
-        &self.vm_dir
-    }
-
     /// The per-VM writable disk image.
     pub fn upper_disk(&self) -> PathBuf {
         self.vm_dir.join(UPPER_DISK)
@@ -189,29 +173,6 @@ impl vm::VmSandbox for MicroVmSandbox {
     }
     fn vm_dir(&self) -> &Path {
         &self.vm_dir
-    }
-}
-
-impl MicroVmSandbox {
-    pub fn id(&self) -> &str {
-        &self.id
-    }
-    /// The channel to the guest's aether.
-    pub fn aether(&self) -> &AetherClient {
-        self.vm.aether()
-    }
-    /// Host pid of the VM's QEMU (0 while paused).
-    pub fn pid(&self) -> i32 {
-        self.vm.pid()
-    }
-    pub fn usage(&self) -> Usage {
-        // QEMU's resident memory: the guest's RAM as far as it was touched, plus QEMU itself
-        // (0 while paused: the snapshot is on disk).
-        Usage {
-            memory_bytes: vm::rss_of(self.vm.pid()).0,
-            pids: 1,
-            oom_kills: 0,
-        }
     }
 }
 

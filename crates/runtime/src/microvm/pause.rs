@@ -1,28 +1,14 @@
 //! Pause and resume of a microVM: the guest is snapshotted to disk and QEMU ends (the memory
-//! goes back to the host); resume restores the snapshot. The snapshot machinery is shared
-//! with the full VM ([`crate::qemu::snapshot`]).
+//! goes back to the host); resume restores the snapshot. Both VM substrates pause the same
+//! way, so that code is [`crate::qemu::snapshot`] (`Vm::pause`, `Vm::resume`), reached through
+//! [`crate::substrate::vm::VmLive`]. What is the microVM's own: stopping its vCPUs without a
+//! snapshot (to read its writable disk for `pack`).
 
 use std::time::Duration;
 
 use super::{qmp, MicroVmSandbox, UpperError};
-use crate::error::PauseError;
-use dsec_wire::api::PauseReport;
 
 impl MicroVmSandbox {
-    /// Snapshots the guest to disk and ends QEMU.
-    pub async fn pause(&self) -> Result<PauseReport, PauseError> {
-        self.vm.pause().await
-    }
-
-    /// Restores the guest from its snapshot.
-    pub async fn resume(&self) -> Result<(), PauseError> {
-        self.vm.resume().await
-    }
-
-    pub fn is_paused(&self) -> bool {
-        self.vm.is_paused()
-    }
-
     /// Stops (QMP `stop`) or continues (`cont`) the guest's vCPUs without a snapshot, e.g. to
     /// read its disk consistently. Fails while paused by snapshot.
     pub async fn freeze_vcpus(&self, freeze: bool) -> Result<(), UpperError> {

@@ -15,7 +15,7 @@ use crate::error::AdoptError;
 use crate::substrate::vm::{adopt_paused_vm, installed, VmGuest, VmLive};
 use crate::substrate::{
     BoxFut, Capabilities, CreateOptions, CreateSandboxError, DiskLimit, ImageSource, LiveSandbox,
-    OpenContext, SandboxSpec, Substrate, Unavailable, Usage, WritableLayer, WritableLayerError,
+    OpenContext, SandboxSpec, Substrate, Unavailable, WritableLayer, WritableLayerError,
 };
 
 /// What microVMs can do.
@@ -157,11 +157,7 @@ impl Substrate for MicroVmDriver {
 
 impl VmGuest for MicroVmSandbox {
     fn id(&self) -> &str {
-        MicroVmSandbox::id(self)
-    }
-
-    fn usage(&self) -> Usage {
-        MicroVmSandbox::usage(self)
+        &self.id
     }
 
     fn boot_kind(&self) -> Option<&'static str> {

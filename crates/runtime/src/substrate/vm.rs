@@ -13,7 +13,15 @@ use crate::qemu::vm::{destroy_vm, kill_leftover_qemu, VmSandbox};
 /// What a VM substrate's sandbox offers beyond its [`VmSandbox`] machinery.
 pub trait VmGuest: VmSandbox + 'static {
     fn id(&self) -> &str;
-    fn usage(&self) -> Usage;
+    /// QEMU's resident memory: the guest's RAM as far as it was touched, plus QEMU itself
+    /// (0 while paused: the snapshot is on disk).
+    fn usage(&self) -> Usage {
+        Usage {
+            memory_bytes: crate::qemu::vm::rss_of(self.vm().pid()).0,
+            pids: 1,
+            oom_kills: 0,
+        }
+    }
     /// The guest's writable layer as host files (for `pack_diff`), if the substrate has one.
     fn writable_layer(&self) -> BoxFut<'_, Result<Option<WritableLayer>, WritableLayerError>> {
         Box::pin(async { Ok(None) })
