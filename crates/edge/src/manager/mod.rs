@@ -29,8 +29,8 @@ mod rollback;
 mod stop;
 mod validate;
 
-pub use agent::AgentLease;
 pub use crate::names::{validate_hostname, validate_user};
+pub use agent::AgentLease;
 pub use jobs::{labels_match, JobOp};
 pub use validate::{validate_create, Validated};
 
