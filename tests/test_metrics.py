@@ -20,8 +20,8 @@ def wait_for(sb, pred, timeout=30.0):
     return samples
 
 
-def test_metrics_show_a_cpu_hog_and_a_memory_allocation(client, node):
-    sb = make_sandbox(client, "busybox", memory_limit_mb=512, cpu_cores_limit=1)
+def test_metrics_show_a_cpu_hog_and_a_memory_allocation(client, node, debian):
+    sb = make_sandbox(client, debian, memory_limit_mb=512, cpu_cores_limit=1)
     try:
         first = wait_for(sb, lambda s: len(s) >= 1)
         assert first, "no metrics sample within 30 s"
@@ -35,8 +35,8 @@ def test_metrics_show_a_cpu_hog_and_a_memory_allocation(client, node):
                         timeout=60)
         assert busy[-1].cpu_percent > 5, [round(s.cpu_percent) for s in busy]
         hog.kill()
-        # ~100 MB held by a shell variable.
-        mem = sb.start("x=$(head -c 100000000 /dev/zero | tr '\\000' a); sleep 1000")
+        # ~100 MB written (so resident) and held by a process.
+        mem = sb.start("python3 -c \"import time; b = b'a' * 100_000_000; time.sleep(1000)\"")
         grown = wait_for(sb, lambda s: s[-1].memory_bytes > base.memory_bytes + 80_000_000, timeout=60)
         assert grown[-1].memory_bytes > base.memory_bytes + 80_000_000, grown[-1]
         mem.kill()

@@ -47,6 +47,13 @@ RETRIES = 1
 EIO_BOUND_S = (RETRIES + 1) * TIMEOUT_MS / 1000 * 6 + 5
 
 
+
+def io_failed(stderr: str) -> bool:
+    """The reader was told its read failed: EIO from read(2), or SIGBUS when the page belonged
+    to a mapping (busybox's cat copies with sendfile/mmap) — both are the kernel's report that
+    the image's page could not be read."""
+    return "Input/output error" in stderr or "Bus error" in stderr
+
 def _s3(ceph: Dict[str, str], method: str, path: str, query: str = "", body: Optional[bytes] = None,
         subresource: str = "") -> bytes:
     """One S3 request signed with signature v2 (radosgw accepts it), as ceph-dev.sh does."""
@@ -218,7 +225,7 @@ def test_s3_blob_store_across_nodes_cache_failures_and_leaks(dsec_bin, ceph):  #
             t0 = time.monotonic()
             r = s2.run_shell("cat /later/f > /dev/null", timeout=120)
             took = time.monotonic() - t0
-            assert r.exit_code != 0 and "Input/output error" in r.stderr, (r.exit_code, r.stderr)
+            assert r.exit_code != 0 and io_failed(r.stderr), (r.exit_code, r.stderr)
             assert took < EIO_BOUND_S, f"EIO after {took:.1f} s (bound {EIO_BOUND_S} s)"
             after = _metrics(b)
             assert after["dsec_edge_blobcache_read_errors_total"] > before["dsec_edge_blobcache_read_errors_total"]
@@ -240,7 +247,7 @@ def test_s3_blob_store_across_nodes_cache_failures_and_leaks(dsec_bin, ceph):  #
                 _s3(ceph, "PUT", obj, body=bytes(changed))
                 before = _metrics(b)
                 r = s3s.run_shell("cat /small/f > /dev/null", timeout=120)
-                assert r.exit_code != 0 and "Input/output error" in r.stderr, (r.exit_code, r.stderr)
+                assert r.exit_code != 0 and io_failed(r.stderr), (r.exit_code, r.stderr)
                 after = _metrics(b)
                 assert after["dsec_edge_blobcache_digest_mismatches_total"] >= before["dsec_edge_blobcache_digest_mismatches_total"] + RETRIES + 1
                 _s3(ceph, "PUT", obj, body=original)

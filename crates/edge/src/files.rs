@@ -391,10 +391,10 @@ mod tests {
     }
 }
 
-/// Renames (moves) `src` to `dst` in the sandbox; answers the info of `dst`. Noted in the
-/// trajectory log.
+/// Renames (moves) `src` to `dst` in sandbox `sandbox`; answers the info of `dst`.
 pub async fn rename(
-    lease: &crate::manager::AgentLease,
+    client: &AetherClient,
+    sandbox: &str,
     src: &str,
     dst: &str,
     overwrite: bool,
@@ -406,17 +406,9 @@ pub async fn rename(
         dst: dst.to_string(),
         overwrite,
     };
-    let result = match lease.client.request(req, Bytes::new()).await {
+    match client.request(req, Bytes::new()).await {
         Ok((Reply::Stat(info), _)) => Ok(info),
         Ok((other, _)) => Err(unexpected("rename", &other)),
-        Err(e) => Err(EdgeError::from_channel(&lease.sandbox, Subject::File, e)),
-    };
-    lease.note_value(
-        "rename",
-        serde_json::json!({"src": src, "dst": dst, "overwrite": overwrite}),
-        result
-            .as_ref()
-            .map(|i| serde_json::to_value(i).unwrap_or_default()),
-    );
-    result
+        Err(e) => Err(EdgeError::from_channel(sandbox, Subject::File, e)),
+    }
 }

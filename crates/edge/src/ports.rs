@@ -19,7 +19,6 @@
 use std::io;
 use std::net::{Ipv4Addr, Ipv6Addr, SocketAddr};
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
-use std::sync::Arc;
 use std::time::Duration;
 
 use hyper::upgrade::OnUpgrade;
@@ -27,7 +26,6 @@ use hyper_util::rt::TokioIo;
 use tokio::net::{TcpSocket, TcpStream};
 
 use crate::error::EdgeError;
-use crate::manager::Manager;
 
 /// The `Upgrade` protocol name of a tunnel.
 pub const TUNNEL_PROTOCOL: &str = "dsec-tunnel";
@@ -219,8 +217,16 @@ fn loopback_up(sock: &OwnedFd) -> io::Result<()> {
 }
 
 /// After the 101 answer: copies bytes between the upgraded connection and the sandbox socket
-/// until either side closes or the sandbox ends.
-pub fn bridge(mgr: Arc<Manager>, id: String, port: u16, upgrade: OnUpgrade, mut sock: TcpStream) {
+/// until either side closes or the sandbox ends (`is_live` turns false); `gauge` counts the
+/// open tunnels.
+pub fn bridge(
+    gauge: prometheus::IntGauge,
+    is_live: impl Fn() -> bool + Send + Sync + 'static,
+    id: String,
+    port: u16,
+    upgrade: OnUpgrade,
+    mut sock: TcpStream,
+) {
     tokio::spawn(async move {
         let upgraded = match upgrade.await {
             Ok(u) => u,
@@ -230,13 +236,12 @@ pub fn bridge(mgr: Arc<Manager>, id: String, port: u16, upgrade: OnUpgrade, mut 
             }
         };
         let mut upgraded = TokioIo::new(upgraded);
-        let gauge = mgr.metrics().port_tunnels_open.clone();
         gauge.inc();
         let copy = tokio::io::copy_bidirectional(&mut upgraded, &mut sock);
         let ended = async {
             loop {
                 tokio::time::sleep(LIVENESS_PERIOD).await;
-                if !mgr.is_live(&id) {
+                if !is_live() {
                     return;
                 }
             }

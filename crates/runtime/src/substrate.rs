@@ -161,6 +161,9 @@ pub struct Capabilities {
     /// The sandbox's memory is a cgroup of the edge's that the reclaim policy may reclaim
     /// from and pause under memory pressure.
     pub cgroup_reclaim: bool,
+    /// A TCP port inside the sandbox is reached by a socket made in the network namespace of
+    /// the sandbox's pid (exposed ports): true where the sandbox's processes are the host's.
+    pub ports_in_netns: bool,
 }
 
 /// What a create asks of the substrate beyond the [`SandboxSpec`].

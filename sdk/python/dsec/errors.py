@@ -147,6 +147,11 @@ class TransportError(NodeUnavailable):
     """The API server could not be reached or the connection broke."""
 
 
+class PortUnreachable(DSecError):
+    """Nothing answers on that TCP port inside the sandbox (502 ``port_unreachable``): start
+    the server first, or check the port number."""
+
+
 class CommandTimeout(DSecError):
     """A command ran past its timeout (raised only with ``raise_on_timeout=True``).
 
@@ -174,6 +179,7 @@ _BY_CODE: Dict[str, Type[DSecError]] = {
     "unsupported": Unsupported,
     "node_unavailable": NodeUnavailable,
     "node_full": NodeFull,
+    "port_unreachable": PortUnreachable,
 }
 
 _BY_STATUS: Dict[int, Type[DSecError]] = {
@@ -187,6 +193,7 @@ _BY_STATUS: Dict[int, Type[DSecError]] = {
     422: BadRequest,
     429: QuotaExceeded,
     501: Unsupported,
+    502: PortUnreachable,
     503: NodeUnavailable,
 }
 

@@ -152,9 +152,17 @@ pub async fn rename(
     ApiQuery(q): ApiQuery<RenameQuery>,
 ) -> Result<Json<dsec_wire::api::FileInfo>, EdgeError> {
     let lease = s.mgr.agent_lease(&id).await?;
-    Ok(Json(
-        crate::files::rename(&lease, &q.src, &q.dst, q.overwrite).await?,
-    ))
+    let result =
+        crate::files::rename(&lease.client, &lease.sandbox, &q.src, &q.dst, q.overwrite).await;
+    // Noted in the trajectory log.
+    lease.note_value(
+        "rename",
+        serde_json::json!({"src": q.src, "dst": q.dst, "overwrite": q.overwrite}),
+        result
+            .as_ref()
+            .map(|i| serde_json::to_value(i).unwrap_or_default()),
+    );
+    Ok(Json(result?))
 }
 
 #[derive(Deserialize)]

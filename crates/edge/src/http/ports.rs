@@ -35,7 +35,9 @@ pub async fn tunnel(
     // Connect before answering: a dead port is a 502 naming it, not a broken upgrade.
     let sock = ports::connect(&id, target.pid, port).await?;
     let upgrade = hyper::upgrade::on(&mut req);
-    ports::bridge(s.mgr.clone(), id, port, upgrade, sock);
+    let gauge = s.mgr.metrics().port_tunnels_open.clone();
+    let (mgr, live_id) = (s.mgr.clone(), id.clone());
+    ports::bridge(gauge, move || mgr.is_live(&live_id), id, port, upgrade, sock);
     let mut resp = Response::new(axum::body::Body::empty());
     *resp.status_mut() = StatusCode::SWITCHING_PROTOCOLS;
     let h = resp.headers_mut();

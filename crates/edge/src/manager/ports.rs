@@ -1,7 +1,5 @@
 //! Exposed ports (issue 18): what the port tunnel needs from the manager.
 
-use dsec_wire::api::Substrate;
-
 use super::Manager;
 use crate::error::EdgeError;
 
@@ -11,7 +9,11 @@ impl Manager {
     pub async fn port_target(&self, id: &str) -> Result<crate::ports::PortTarget, EdgeError> {
         let e = self.touch(id).await?;
         let info = e.info();
-        if info.substrate != Substrate::Container {
+        let reachable = self
+            .substrates
+            .capabilities(info.substrate)
+            .is_some_and(|c| c.ports_in_netns);
+        if !reachable {
             return Err(EdgeError::Unsupported(format!(
                 "exposed ports reach container sandboxes so far; sandbox {id} is a {:?}",
                 info.substrate

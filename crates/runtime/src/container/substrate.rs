@@ -23,6 +23,7 @@ pub const CAPABILITIES: Capabilities = Capabilities {
     pause_ends_process: false,
     early_teardown: true,
     cgroup_reclaim: true,
+    ports_in_netns: true,
 };
 
 /// The container substrate of an edge (see [`ContainerDriver::open`]).

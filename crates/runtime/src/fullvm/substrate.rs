@@ -31,6 +31,7 @@ pub const CAPABILITIES: Capabilities = Capabilities {
     pause_ends_process: true,
     early_teardown: false,
     cgroup_reclaim: false,
+    ports_in_netns: false,
 };
 
 /// Checks a VM image name: 1-64 of `[A-Za-z0-9._-]`, not starting with `.` or `-`.

@@ -27,6 +27,7 @@ pub const CAPABILITIES: Capabilities = Capabilities {
     pause_ends_process: true,
     early_teardown: false,
     cgroup_reclaim: false,
+    ports_in_netns: false,
 };
 
 /// The microVM substrate of an edge.
