@@ -353,6 +353,28 @@ impl Drop for ReadGuard {
     }
 }
 
+/// Renames (moves) `src` to `dst` in sandbox `sandbox`; answers the info of `dst`.
+pub async fn rename(
+    client: &AetherClient,
+    sandbox: &str,
+    src: &str,
+    dst: &str,
+    overwrite: bool,
+) -> Result<FileInfo, EdgeError> {
+    check_path(src)?;
+    check_path(dst)?;
+    let req = Request::Rename {
+        src: src.to_string(),
+        dst: dst.to_string(),
+        overwrite,
+    };
+    match client.request(req, Bytes::new()).await {
+        Ok((Reply::Stat(info), _)) => Ok(info),
+        Ok((other, _)) => Err(unexpected("rename", &other)),
+        Err(e) => Err(EdgeError::from_channel(sandbox, Subject::File, e)),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -388,27 +410,5 @@ mod tests {
         let all: Vec<u8> = out.iter().flat_map(|b| b.to_vec()).collect();
         assert_eq!(all.len(), 14);
         assert_eq!(all[13], 3);
-    }
-}
-
-/// Renames (moves) `src` to `dst` in sandbox `sandbox`; answers the info of `dst`.
-pub async fn rename(
-    client: &AetherClient,
-    sandbox: &str,
-    src: &str,
-    dst: &str,
-    overwrite: bool,
-) -> Result<FileInfo, EdgeError> {
-    check_path(src)?;
-    check_path(dst)?;
-    let req = Request::Rename {
-        src: src.to_string(),
-        dst: dst.to_string(),
-        overwrite,
-    };
-    match client.request(req, Bytes::new()).await {
-        Ok((Reply::Stat(info), _)) => Ok(info),
-        Ok((other, _)) => Err(unexpected("rename", &other)),
-        Err(e) => Err(EdgeError::from_channel(sandbox, Subject::File, e)),
     }
 }

@@ -37,7 +37,14 @@ pub async fn tunnel(
     let upgrade = hyper::upgrade::on(&mut req);
     let gauge = s.mgr.metrics().port_tunnels_open.clone();
     let (mgr, live_id) = (s.mgr.clone(), id.clone());
-    ports::bridge(gauge, move || mgr.is_live(&live_id), id, port, upgrade, sock);
+    ports::bridge(
+        gauge,
+        move || mgr.is_live(&live_id),
+        id,
+        port,
+        upgrade,
+        sock,
+    );
     let mut resp = Response::new(axum::body::Body::empty());
     *resp.status_mut() = StatusCode::SWITCHING_PROTOCOLS;
     let h = resp.headers_mut();

@@ -304,6 +304,31 @@ pub fn validate_spec(spec: &SandboxSpec) -> Result<(), CreateSandboxError> {
     Ok(())
 }
 
+/// Writes [`SandboxSpec::layer_files`] into the writable layer's upper directory (blocking).
+fn write_layer_files(upper: &Path, files: &[LayerFile]) -> Result<(), CreateSandboxError> {
+    for f in files {
+        let rel = Path::new(&f.path);
+        if rel.is_absolute()
+            || rel
+                .components()
+                .any(|c| !matches!(c, std::path::Component::Normal(_)))
+        {
+            return Err(CreateSandboxError::InvalidSpec(format!(
+                "layer file {:?} must be a relative path without `..`",
+                f.path
+            )));
+        }
+        let path = upper.join(rel);
+        let written = match path.parent() {
+            Some(parent) => std::fs::create_dir_all(parent),
+            None => Ok(()),
+        }
+        .and_then(|()| std::fs::write(&path, &f.contents));
+        written.map_err(|source| CreateSandboxError::LayerFile { path, source })?;
+    }
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -379,29 +404,4 @@ mod tests {
         assert!(setup.masked_paths.iter().any(|p| p == "/proc/kpagecgroup"));
         assert!(setup.readonly_paths.iter().any(|p| p == "/proc/sys"));
     }
-}
-
-/// Writes [`SandboxSpec::layer_files`] into the writable layer's upper directory (blocking).
-fn write_layer_files(upper: &Path, files: &[LayerFile]) -> Result<(), CreateSandboxError> {
-    for f in files {
-        let rel = Path::new(&f.path);
-        if rel.is_absolute()
-            || rel
-                .components()
-                .any(|c| !matches!(c, std::path::Component::Normal(_)))
-        {
-            return Err(CreateSandboxError::InvalidSpec(format!(
-                "layer file {:?} must be a relative path without `..`",
-                f.path
-            )));
-        }
-        let path = upper.join(rel);
-        let written = match path.parent() {
-            Some(parent) => std::fs::create_dir_all(parent),
-            None => Ok(()),
-        }
-        .and_then(|()| std::fs::write(&path, &f.contents));
-        written.map_err(|source| CreateSandboxError::LayerFile { path, source })?;
-    }
-    Ok(())
 }
