@@ -51,6 +51,39 @@ impl Drop for Cleanup {
     }
 }
 
+/// Removes the network objects of earlier runs of this test that were killed before their
+/// edge shut down (each run names its table `dsecr<pid>`, so no later edge reaps them): their
+/// spare namespaces, gateway interface and nftables table, when that pid is gone.
+fn reap_killed_runs() {
+    let out = std::process::Command::new("ip")
+        .args(["netns", "list"])
+        .output();
+    let Ok(out) = out else { return };
+    for line in String::from_utf8_lossy(&out.stdout).lines() {
+        let Some(ns) = line.split_whitespace().next() else {
+            continue;
+        };
+        let Some(pid) = ns
+            .strip_prefix("dsecr")
+            .and_then(|r| r.split('-').next())
+            .and_then(|p| p.parse::<u32>().ok())
+        else {
+            continue;
+        };
+        if pid == std::process::id() || Path::new(&format!("/proc/{pid}")).exists() {
+            continue;
+        }
+        let run = |args: &[&str]| {
+            let _ = std::process::Command::new(args[0])
+                .args(&args[1..])
+                .output();
+        };
+        run(&["ip", "netns", "delete", ns]);
+        run(&["ip", "link", "delete", &format!("dsr{pid}")]);
+        run(&["nft", "delete", "table", "inet", &format!("dsecr{pid}")]);
+    }
+}
+
 /// Kills every process left in a cgroup tree, then removes it bottom-up.
 fn remove_cgroup_tree(dir: &Path) {
     if let Ok(entries) = std::fs::read_dir(dir) {
@@ -175,6 +208,7 @@ async fn edge_http_end_to_end() {
         eprintln!("SKIPPED edge_http_end_to_end: {why}");
         return;
     }
+    reap_killed_runs();
     let tmp = tempfile::tempdir().unwrap();
     let node = format!("e{}", std::process::id() % 1_000_000);
     let _cleanup = Cleanup {

@@ -139,8 +139,8 @@ impl Manager {
         }
     }
 
-    /// Stops a sandbox; repeating it answers the final info again.
     /// Stops a sandbox; `end` is the reason the apiserver names (default `stopped_by_user`).
+    /// Repeating it answers the final info again.
     pub async fn stop(&self, id: &str, end: Option<EndReason>) -> Result<SandboxInfo, EdgeError> {
         match self.entry(id) {
             Ok(e) => {
