@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import glob
+import json
 import os
 import queue
 import shutil
@@ -12,6 +13,8 @@ import subprocess
 import sys
 import tempfile
 import threading
+import urllib.error
+import urllib.request
 import time
 from pathlib import Path
 from typing import Dict, List, Optional, Set, Tuple
@@ -431,3 +434,17 @@ def proc_cmdlines(sb) -> List[str]:
     r = sb.run_shell("for p in /proc/[0-9]*; do tr '\\000' ' ' < $p/cmdline 2>/dev/null; echo; done")
     assert r.exit_code == 0, r
     return [line.strip() for line in r.stdout.splitlines() if line.strip()]
+
+
+def http(method: str, url: str, key: str, body=None, timeout: float = 120):
+    """One JSON request with the API key; answers (status, raw body), also for 4xx/5xx."""
+    data = None if body is None else json.dumps(body).encode()
+    req = urllib.request.Request(url, data=data, method=method)
+    req.add_header("Authorization", f"Bearer {key}")
+    if data is not None:
+        req.add_header("Content-Type", "application/json")
+    try:
+        with urllib.request.urlopen(req, timeout=timeout) as r:
+            return r.status, r.read()
+    except urllib.error.HTTPError as e:
+        return e.code, e.read()

@@ -17,8 +17,6 @@ import signal
 import subprocess
 import tempfile
 import time
-import urllib.error
-import urllib.request
 
 import pytest
 
@@ -29,6 +27,7 @@ from helpers import (
     dsec_processes,
     find_aether,
     free_port,
+    http,
     make_sandbox,
     new_data_dir,
     remove_data_dir,
@@ -36,19 +35,6 @@ from helpers import (
     stop_quietly,
     wait_until,
 )
-
-
-def http(method: str, url: str, key: str, body=None):
-    data = None if body is None else json.dumps(body).encode()
-    req = urllib.request.Request(url, data=data, method=method)
-    req.add_header("Authorization", f"Bearer {key}")
-    if data is not None:
-        req.add_header("Content-Type", "application/json")
-    try:
-        with urllib.request.urlopen(req, timeout=60) as r:
-            return r.status, r.read()
-    except urllib.error.HTTPError as e:
-        return e.code, e.read()
 
 
 def last_record(url: str, key: str, sandbox_id: str) -> dict:

@@ -10,8 +10,6 @@ from __future__ import annotations
 
 import json
 import os
-import urllib.error
-import urllib.request
 
 import pytest
 
@@ -20,6 +18,7 @@ from helpers import (
     DsecUp,
     dsec_cgroups,
     dsec_processes,
+    http,
     make_sandbox,
     new_data_dir,
     remove_data_dir,
@@ -27,19 +26,6 @@ from helpers import (
     stop_quietly,
     wait_until,
 )
-
-
-def http(method: str, url: str, key: str, body=None):
-    data = None if body is None else json.dumps(body).encode()
-    req = urllib.request.Request(url, data=data, method=method)
-    req.add_header("Authorization", f"Bearer {key}")
-    if data is not None:
-        req.add_header("Content-Type", "application/json")
-    try:
-        with urllib.request.urlopen(req, timeout=120) as r:
-            return r.status, r.read()
-    except urllib.error.HTTPError as e:
-        return e.code, e.read()
 
 
 def first_record(url: str, key: str, sandbox_id: str) -> dict:
