@@ -193,7 +193,8 @@ _BY_STATUS: Dict[int, Type[DSecError]] = {
     422: BadRequest,
     429: QuotaExceeded,
     501: Unsupported,
-    502: PortUnreachable,
+    # 502 is not mapped: a bare 502 usually comes from a proxy in between, and only a
+    # body with the code ``port_unreachable`` means nothing listens in the sandbox.
     503: NodeUnavailable,
 }
 
