@@ -144,16 +144,51 @@ impl Client {
         })
     }
 
-    /// The object's size, `None` when it does not exist.
-    pub async fn head(&self, object: &str) -> Result<Option<u64>, S3Error> {
-        let what = format!("HEAD {object}");
-        let resp = self
-            .send(&what, self.request(Method::HEAD, Some(object), &[]))
-            .await?;
+    /// Sends `rb` and turns anything but a 2xx into [`S3Error::Status`].
+    async fn exchange(
+        &self,
+        what: &str,
+        rb: reqwest::RequestBuilder,
+    ) -> Result<reqwest::Response, S3Error> {
+        Self::check(what, self.send(what, rb).await?).await
+    }
+
+    /// As [`Self::exchange`], but a 404 (the object or upload is gone) answers `None`.
+    async fn exchange_unless_missing(
+        &self,
+        what: &str,
+        rb: reqwest::RequestBuilder,
+    ) -> Result<Option<reqwest::Response>, S3Error> {
+        let resp = self.send(what, rb).await?;
         if resp.status() == StatusCode::NOT_FOUND {
             return Ok(None);
         }
-        let resp = Self::check(&what, resp).await?;
+        Self::check(what, resp).await.map(Some)
+    }
+
+    /// As [`Self::exchange`], returning the body as text (the XML answers).
+    async fn exchange_text(
+        &self,
+        what: &str,
+        rb: reqwest::RequestBuilder,
+    ) -> Result<String, S3Error> {
+        Ok(self
+            .exchange(what, rb)
+            .await?
+            .text()
+            .await
+            .unwrap_or_default())
+    }
+
+    /// The object's size, `None` when it does not exist.
+    pub async fn head(&self, object: &str) -> Result<Option<u64>, S3Error> {
+        let what = format!("HEAD {object}");
+        let Some(resp) = self
+            .exchange_unless_missing(&what, self.request(Method::HEAD, Some(object), &[]))
+            .await?
+        else {
+            return Ok(None);
+        };
         // Not `content_length()`: for HEAD that is the (empty) body's size.
         resp.headers()
             .get("content-length")
@@ -191,10 +226,9 @@ impl Client {
         mut write: impl FnMut(&[u8]) -> std::io::Result<()>,
     ) -> Result<u64, S3Error> {
         let what = format!("GET {object}");
-        let resp = self
-            .send(&what, self.request(Method::GET, Some(object), &[]))
+        let mut resp = self
+            .exchange(&what, self.request(Method::GET, Some(object), &[]))
             .await?;
-        let mut resp = Self::check(&what, resp).await?;
         let mut total = 0u64;
         while let Some(chunk) = resp.chunk().await.map_err(|e| S3Error::Unreachable {
             what: what.clone(),
@@ -208,38 +242,28 @@ impl Client {
 
     pub async fn put(&self, object: &str, body: Vec<u8>) -> Result<(), S3Error> {
         let what = format!("PUT {object}");
-        let resp = self
-            .send(
-                &what,
-                self.request(Method::PUT, Some(object), &[]).body(body),
-            )
-            .await?;
-        Self::check(&what, resp).await.map(|_| ())
+        self.exchange(
+            &what,
+            self.request(Method::PUT, Some(object), &[]).body(body),
+        )
+        .await
+        .map(|_| ())
     }
 
     pub async fn delete(&self, object: &str) -> Result<(), S3Error> {
         let what = format!("DELETE {object}");
-        let resp = self
-            .send(&what, self.request(Method::DELETE, Some(object), &[]))
-            .await?;
-        if resp.status() == StatusCode::NOT_FOUND {
-            return Ok(());
-        }
-        Self::check(&what, resp).await.map(|_| ())
+        self.exchange_unless_missing(&what, self.request(Method::DELETE, Some(object), &[]))
+            .await
+            .map(|_| ())
     }
 
     /// Starts a multipart upload; returns its upload id.
     pub async fn create_multipart(&self, object: &str) -> Result<String, S3Error> {
         let what = format!("CreateMultipartUpload {object}");
         let q = [("uploads".to_string(), String::new())];
-        let resp = self
-            .send(&what, self.request(Method::POST, Some(object), &q))
+        let body = self
+            .exchange_text(&what, self.request(Method::POST, Some(object), &q))
             .await?;
-        let body = Self::check(&what, resp)
-            .await?
-            .text()
-            .await
-            .unwrap_or_default();
         tag(&body, "UploadId")
             .ok_or_else(|| S3Error::Protocol(format!("{what}: no UploadId in {body:?}")))
     }
@@ -258,12 +282,11 @@ impl Client {
             ("uploadId".to_string(), upload_id.to_string()),
         ];
         let resp = self
-            .send(
+            .exchange(
                 &what,
                 self.request(Method::PUT, Some(object), &q).body(body),
             )
             .await?;
-        let resp = Self::check(&what, resp).await?;
         resp.headers()
             .get("etag")
             .and_then(|v| v.to_str().ok())
@@ -288,17 +311,12 @@ impl Client {
         }
         xml.push_str("</CompleteMultipartUpload>");
         let q = [("uploadId".to_string(), upload_id.to_string())];
-        let resp = self
-            .send(
+        let body = self
+            .exchange_text(
                 &what,
                 self.request(Method::POST, Some(object), &q).body(xml),
             )
             .await?;
-        let body = Self::check(&what, resp)
-            .await?
-            .text()
-            .await
-            .unwrap_or_default();
         // S3 may answer 200 with an <Error> body.
         if body.contains("<Error>") {
             return Err(S3Error::Status {
@@ -313,13 +331,9 @@ impl Client {
     pub async fn abort_multipart(&self, object: &str, upload_id: &str) -> Result<(), S3Error> {
         let what = format!("AbortMultipartUpload {object}");
         let q = [("uploadId".to_string(), upload_id.to_string())];
-        let resp = self
-            .send(&what, self.request(Method::DELETE, Some(object), &q))
-            .await?;
-        if resp.status() == StatusCode::NOT_FOUND {
-            return Ok(());
-        }
-        Self::check(&what, resp).await.map(|_| ())
+        self.exchange_unless_missing(&what, self.request(Method::DELETE, Some(object), &q))
+            .await
+            .map(|_| ())
     }
 
     /// Every object name under `prefix`.
@@ -335,14 +349,9 @@ impl Client {
                 q.push(("continuation-token".to_string(), t.clone()));
             }
             let what = format!("ListObjectsV2 {prefix}");
-            let resp = self
-                .send(&what, self.request(Method::GET, None, &q))
+            let body = self
+                .exchange_text(&what, self.request(Method::GET, None, &q))
                 .await?;
-            let body = Self::check(&what, resp)
-                .await?
-                .text()
-                .await
-                .unwrap_or_default();
             out.extend(tags(&body, "Key"));
             token = tag(&body, "NextContinuationToken");
             if tag(&body, "IsTruncated").as_deref() != Some("true") || token.is_none() {
@@ -359,14 +368,9 @@ impl Client {
             ("prefix".to_string(), prefix.to_string()),
             ("uploads".to_string(), String::new()),
         ];
-        let resp = self
-            .send(&what, self.request(Method::GET, None, &q))
+        let body = self
+            .exchange_text(&what, self.request(Method::GET, None, &q))
             .await?;
-        let body = Self::check(&what, resp)
-            .await?
-            .text()
-            .await
-            .unwrap_or_default();
         Ok(tags(&body, "Upload")
             .into_iter()
             .filter_map(|u| Some((tag(&u, "Key")?, tag(&u, "UploadId")?)))
