@@ -5,7 +5,7 @@ import os
 import shutil
 import statistics
 import subprocess
-import tarfile
+import time
 
 CACHE = os.environ.get("DSEC_CACHE", "/var/cache/dsec")
 DEBIAN_TAR = os.path.join(CACHE, "debian-bookworm.tar")
@@ -75,3 +75,14 @@ def write_results(name, data):
     with open(path, "w") as f:
         json.dump(data, f, indent=2)
     print(f"results written to {path}")
+
+
+def bwrap_python_once(root, code="print(sum(range(100)))", expect=b"4950"):
+    """One cold `python3 -c code` in a fresh bubblewrap sandbox of `root` (the baseline the
+    function benchmarks compare against); returns its latency in ms."""
+    t = time.perf_counter()
+    p = subprocess.run(["bwrap", "--unshare-all", "--die-with-parent", "--ro-bind", root, "/",
+                        "--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp",
+                        "python3", "-c", code], capture_output=True)
+    assert p.stdout.strip() == expect, p
+    return (time.perf_counter() - t) * 1000

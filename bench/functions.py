@@ -35,7 +35,7 @@ from concurrent.futures import ThreadPoolExecutor
 import sys
 import tempfile
 
-from common import debian_rootfs, print_table, summary, write_results
+from common import bwrap_python_once, debian_rootfs, print_table, summary, write_results
 from dsec import DSecClient, DSecContainerRunArgs
 
 PY = "print(sum(range(100)))"
@@ -118,25 +118,16 @@ async def throughput(c, n, conc, **body):
     return n / (time.perf_counter() - t0), lat
 
 
-def _bwrap_once(root):
-    t = time.perf_counter()
-    p = subprocess.run(["bwrap", "--unshare-all", "--die-with-parent", "--ro-bind", root, "/",
-                        "--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp",
-                        "python3", "-c", PY], capture_output=True)
-    assert p.stdout.strip() == b"4950", p
-    return (time.perf_counter() - t) * 1000
-
-
 def bwrap_cold(n, conc):
     """Serial latencies, then calls/s with `conc` at once (the fair throughput baseline)."""
     root = debian_rootfs()
     if shutil.which("bwrap") is None or root is None:
         return None, None
-    lat = [_bwrap_once(root) for _ in range(n)]
+    lat = [bwrap_python_once(root, PY) for _ in range(n)]
     m = max(n, conc * 10)
     t0 = time.perf_counter()
     with ThreadPoolExecutor(conc) as ex:
-        list(ex.map(lambda _: _bwrap_once(root), range(m)))
+        list(ex.map(lambda _: bwrap_python_once(root, PY), range(m)))
     return lat, m / (time.perf_counter() - t0)
 
 

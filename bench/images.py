@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import concurrent.futures
 import io
-import json
 import os
 import shutil
 import subprocess

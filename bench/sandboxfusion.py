@@ -19,13 +19,12 @@ import argparse
 import asyncio
 import os
 import shutil
-import subprocess
 import time
 from concurrent.futures import ThreadPoolExecutor
 
 import httpx
 
-from common import debian_rootfs, pct
+from common import bwrap_python_once, debian_rootfs, pct
 
 PY = "print(sum(range(100)))"
 
@@ -61,22 +60,13 @@ def native_ok(b):
     return b["status"] == "ok" and b["stdout"] == "4950\n"
 
 
-def bwrap_once(root):
-    t = time.perf_counter()
-    p = subprocess.run(["bwrap", "--unshare-all", "--die-with-parent", "--ro-bind", root, "/",
-                        "--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp",
-                        "python3", "-c", PY], capture_output=True)
-    assert p.stdout.strip() == b"4950", p
-    return (time.perf_counter() - t) * 1000
-
-
 def bwrap_cold(n, inflight):
     root = debian_rootfs()
     if shutil.which("bwrap") is None or root is None:
         return None
     t0 = time.perf_counter()
     with ThreadPoolExecutor(min(inflight, 32)) as ex:
-        lat = list(ex.map(lambda _: bwrap_once(root), range(n)))
+        lat = list(ex.map(lambda _: bwrap_python_once(root, PY), range(n)))
     return lat, n / (time.perf_counter() - t0)
 
 
