@@ -762,7 +762,8 @@ class Sandbox(ProcessesMixin, WatchMixin, MetricsMixin):
         """Snapshots this sandbox's files: its writable layer, taken while it is frozen, becomes
         a layer on top of its layers, registered as an image. Answers the snapshot (``id``: the
         image name to create from, ``step``: the last completed step, ``image``,
-        ``snapshot_ms``). The sandbox goes on; a sandbox created from the snapshot starts new
+        ``snapshot_ms``, ``shared``: published in the blob store the nodes share, so any node
+        can start from it). The sandbox goes on; a sandbox created from the snapshot starts new
         processes on those files (``memory=True``, processes too, is for microVMs: not yet)."""
         body: Dict[str, Any] = {"memory": memory}
         if name is not None:

@@ -272,6 +272,7 @@ fn samples() -> BTreeMap<&'static str, Vec<Value>> {
         step: Some(1),
         image: image_info(),
         snapshot_ms: 1.0,
+        shared: true,
     };
     add("SnapshotInfo", ser(snapshot.clone()));
     add(
