@@ -16,6 +16,7 @@
 
 pub mod admin;
 pub mod functions;
+pub mod membership;
 pub mod processes;
 
 mod ports;

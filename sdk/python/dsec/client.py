@@ -22,6 +22,7 @@ from typing import (
 from urllib.parse import quote
 
 from . import _http
+from .nodes import NodesMixin
 from .functions import FunctionsMixin
 from .processes import MetricsMixin, ProcessesMixin
 from .watch import WatchMixin
@@ -106,7 +107,7 @@ def _http_timeout(command_timeout: Optional[float]) -> float:
     return (command_timeout if command_timeout is not None else DEFAULT_COMMAND_TIMEOUT) + HTTP_GRACE
 
 
-class DSecClient(FunctionsMixin):
+class DSecClient(FunctionsMixin, NodesMixin):
     """Asynchronous dsec client.
 
     ``api_url`` and ``api_key`` default to the ``DSEC_API_URL`` and ``DSEC_API_KEY`` environment

@@ -7,6 +7,7 @@
 //! [`crate::routes::public_routes`] register; the tests below fail when a registered route, a
 //! wire field or an error code is missing from the document.
 
+mod membership;
 mod paths;
 mod ports;
 mod processes;
@@ -92,6 +93,12 @@ pub const EDGE_PASS_THROUGH: &[(&str, &str)] = &[
         paths::list_microvm_templates,
         paths::remove_microvm_templates,
         paths::list_nodes,
+        membership::join_node,
+        membership::node_heartbeat,
+        membership::cordon_node,
+        membership::uncordon_node,
+        membership::drain_node,
+        membership::create_join_token,
         paths::cluster_view,
         paths::list_projects,
         paths::create_project,

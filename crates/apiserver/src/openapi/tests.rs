@@ -485,6 +485,7 @@ fn samples() -> BTreeMap<&'static str, Vec<Value>> {
         ser(NodeStatus {
             capabilities: Some(NodeCapabilities::default()),
             admission: Some(AdmissionStatus::default()),
+            membership: Some(crate::membership::samples::membership()),
             ..Default::default()
         }),
     );
@@ -492,6 +493,7 @@ fn samples() -> BTreeMap<&'static str, Vec<Value>> {
     add("NodeCapabilities", ser(NodeCapabilities::default()));
     add("AdmissionStatus", ser(AdmissionStatus::default()));
     add("NodeList", ser(NodeList { nodes: vec![] }));
+    crate::membership::samples::add_samples(&mut add);
     add(
         "ErrorBody",
         ser(ErrorBody {

@@ -403,6 +403,7 @@ impl Manager {
             labels: self.cfg.labels.clone(),
             capabilities: Some(self.qos.caps().to_wire()),
             admission: Some(self.qos.status(&self.cfg.capacity())),
+            membership: None,
         }
     }
 }
