@@ -191,15 +191,20 @@ def test_cordon_then_drain(bed):
     assert st == 200 and body["state"] == "healthy", body
 
 
-def place_on_b(bed, n: int) -> List[dict]:
-    """n sandboxes on node b (a cordoned meanwhile)."""
-    call("POST", f"{bed.url}/v1/nodes/{bed.a}/cordon", bed.key)
+def place_on(bed, node: str, n: int) -> List[dict]:
+    """n sandboxes on `node` (the other node cordoned meanwhile)."""
+    other = bed.a if node == bed.b else bed.b
+    call("POST", f"{bed.url}/v1/nodes/{other}/cordon", bed.key)
     try:
         out = [bed.create() for _ in range(n)]
     finally:
-        call("POST", f"{bed.url}/v1/nodes/{bed.a}/uncordon", bed.key)
-    assert {node_of(s) for s in out} == {bed.b}
+        call("POST", f"{bed.url}/v1/nodes/{other}/uncordon", bed.key)
+    assert {node_of(s) for s in out} == {node}
     return out
+
+
+def place_on_b(bed, n: int) -> List[dict]:
+    return place_on(bed, bed.b, n)
 
 
 def test_return_within_grace_keeps_the_sandboxes(bed):
@@ -222,8 +227,7 @@ def test_return_within_grace_keeps_the_sandboxes(bed):
 
 
 def test_stopped_edge_goes_suspect_then_lost_and_quota_is_released_once(bed):
-    keep = bed.create()  # on a: stays live throughout
-    assert node_of(keep) == bed.a
+    keep = place_on(bed, bed.a, 1)[0]  # stays live throughout
     lost_sbs = place_on_b(bed, 2)
     assert bed.used_sandboxes() == 3
     pid = bed.edges[bed.b].p.pid

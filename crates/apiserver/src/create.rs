@@ -90,6 +90,13 @@ pub async fn create_with(
     {
         return Err(ApiError::BadRequest(msg));
     }
+    if let Some(msg) = st
+        .forwarder
+        .watcher()
+        .with(|nodes| crate::offered::never_placeable(nodes, &req))
+    {
+        return Err(ApiError::BadRequest(msg));
+    }
     let res_id = hex::encode(rand::random::<[u8; 12]>());
     let reservation = Reservation {
         res_id: res_id.clone(),

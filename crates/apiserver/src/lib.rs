@@ -29,6 +29,7 @@ pub mod jobs;
 pub mod membership;
 pub mod metrics;
 pub mod node_lost;
+pub mod offered;
 pub mod openapi;
 pub mod placement;
 pub mod ports;
