@@ -17,6 +17,7 @@
 //! ```
 
 pub mod auth;
+pub mod batch;
 pub mod compat;
 pub mod config;
 pub mod create;
@@ -31,6 +32,7 @@ pub mod node_lost;
 pub mod openapi;
 pub mod placement;
 pub mod ports;
+pub mod queue;
 pub mod reconcile;
 pub mod revoke;
 pub mod routes;
@@ -74,6 +76,7 @@ pub struct ApiServer {
     serve_task: JoinHandle<()>,
     watch_task: JoinHandle<()>,
     reconcile_task: JoinHandle<()>,
+    queue_task: JoinHandle<()>,
 }
 
 impl ApiServer {
@@ -97,7 +100,15 @@ impl ApiServer {
         ));
         let ledger = iam::ledger::Ledger::open(&db)?;
         let config = Arc::new(config);
+        let view = watcher.clone();
+        let queue = queue::BurstQueue::new(
+            metrics.clone(),
+            Arc::new(move |req| view.with(|nodes| queue::room::room_for(nodes, req))),
+        );
+        let queue_task = queue::spawn_ticker(queue.clone());
         let state = routes::AppState {
+            queue,
+            batches: Arc::new(batch::Batches::default()),
             forwarder: forward::Forwarder::new(http.clone(), watcher.clone(), metrics.clone()),
             verifier: verifier.clone(),
             metrics,
@@ -144,6 +155,7 @@ impl ApiServer {
             serve_task,
             watch_task,
             reconcile_task,
+            queue_task,
         })
     }
 
@@ -187,6 +199,8 @@ impl ApiServer {
         self.serve_task.abort();
         self.watch_task.abort();
         self.reconcile_task.abort();
+        self.queue_task.abort();
+        let _ = self.queue_task.await;
         let _ = self.reconcile_task.await;
         let _ = self.serve_task.await;
         let _ = self.watch_task.await;

@@ -19,6 +19,7 @@ pub mod functions;
 pub mod processes;
 
 mod ports;
+mod queue;
 
 use std::path::Path;
 use std::pin::Pin;
