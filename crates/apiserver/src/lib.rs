@@ -17,6 +17,7 @@
 //! ```
 
 pub mod auth;
+pub mod batch;
 pub mod compat;
 pub mod config;
 pub mod create;
@@ -33,6 +34,7 @@ pub mod offered;
 pub mod openapi;
 pub mod placement;
 pub mod ports;
+pub mod queue;
 pub mod reconcile;
 pub mod revoke;
 pub mod routes;
@@ -77,6 +79,8 @@ pub struct ApiServer {
     watch_task: JoinHandle<()>,
     reconcile_task: JoinHandle<()>,
     membership_task: JoinHandle<()>,
+
+    queue_task: JoinHandle<()>,
 }
 
 impl ApiServer {
@@ -108,7 +112,16 @@ impl ApiServer {
             ledger.clone(),
             config.clone(),
         );
+
+        let view = watcher.clone();
+        let queue = queue::BurstQueue::new(
+            metrics.clone(),
+            Arc::new(move |req| view.with(|nodes| queue::room::room_for(nodes, req))),
+        );
+        let queue_task = queue::spawn_ticker(queue.clone());
         let state = routes::AppState {
+            queue,
+            batches: Arc::new(batch::Batches::default()),
             forwarder: forward::Forwarder::new(http.clone(), watcher.clone(), metrics.clone()),
             verifier: verifier.clone(),
             metrics,
@@ -160,6 +173,8 @@ impl ApiServer {
             watch_task,
             reconcile_task,
             membership_task,
+
+            queue_task,
         })
     }
 
@@ -204,6 +219,9 @@ impl ApiServer {
         self.watch_task.abort();
         self.reconcile_task.abort();
         self.membership_task.abort();
+
+        self.queue_task.abort();
+        let _ = self.queue_task.await;
         let _ = self.reconcile_task.await;
         let _ = self.membership_task.await;
         let _ = self.serve_task.await;

@@ -32,6 +32,11 @@ pub struct AppState {
     pub ledger: crate::iam::ledger::Ledger,
     pub config: Arc<crate::config::ApiConfig>,
     pub membership: crate::membership::Membership,
+
+    /// Creates with `wait_s` waiting for capacity (issue 22).
+    pub queue: Arc<crate::queue::BurstQueue>,
+    /// `create_many` batches of this apiserver.
+    pub batches: Arc<crate::batch::Batches>,
 }
 
 /// HTTP method of a registered route; `Any` is the edge pass-through.
@@ -158,6 +163,9 @@ pub fn v1_routes() -> Routes {
         .on(Post, "/v1/keys", iam::create_key)
         .on(Delete, "/v1/keys/{id}", iam::revoke_key)
         .on(Post, "/v1/jobs/{op}", crate::jobs::job)
+        .on(Post, "/v1/batches", crate::batch::create)
+        .on(Get, "/v1/batches/{id}", crate::batch::get)
+        .on(Delete, "/v1/batches/{id}", crate::batch::cancel)
         .on(Post, "/v1/functions/call", functions_forward)
         .on(Post, "/v1/functions/batch", functions_forward)
         .on(Get, "/v1/functions/pools", functions_forward)
@@ -386,6 +394,7 @@ async fn stop_sandbox(
     .await?;
     if resp.status().is_success() || resp.status() == StatusCode::NOT_FOUND {
         st.ledger.release_sandbox(&id);
+        crate::queue::capacity_freed_by_stop(&st, &id);
     }
     Ok(resp)
 }

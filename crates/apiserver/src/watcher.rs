@@ -153,6 +153,21 @@ impl Watcher {
         }
     }
 
+    /// Counts a sandbox stopped through this apiserver out of the local view of `node_id`
+    /// (so queued creates see the room before the next poll; the poll's figures win then).
+    pub fn note_stopped(&self, node_id: &str) {
+        let Ok(mut nodes) = self.nodes.write() else {
+            return;
+        };
+        if let Some(s) = nodes
+            .iter_mut()
+            .find(|n| n.node_id.as_deref() == Some(node_id))
+            .and_then(|n| n.status.as_mut())
+        {
+            s.sandboxes_running = s.sandboxes_running.saturating_sub(1);
+        }
+    }
+
     /// A copy of the current view.
     pub fn snapshot(&self) -> Vec<NodeView> {
         self.nodes.read().map(|n| n.clone()).unwrap_or_default()

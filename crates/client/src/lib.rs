@@ -20,6 +20,7 @@ pub mod membership;
 pub mod processes;
 
 mod ports;
+mod queue;
 
 use std::path::Path;
 use std::pin::Pin;

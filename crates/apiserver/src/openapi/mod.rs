@@ -8,6 +8,8 @@
 //! wire field or an error code is missing from the document.
 
 mod membership;
+
+mod batches;
 mod paths;
 mod ports;
 mod processes;
@@ -106,6 +108,9 @@ pub const EDGE_PASS_THROUGH: &[(&str, &str)] = &[
         paths::create_key,
         paths::revoke_key,
         paths::job_op,
+        batches::create_batch,
+        batches::get_batch,
+        batches::cancel_batch,
         paths::function_call,
         paths::function_batch,
         paths::function_pools,
@@ -131,6 +136,7 @@ pub const EDGE_PASS_THROUGH: &[(&str, &str)] = &[
         dsec_wire::api::ErrorCode,
         dsec_wire::api::TtyControl,
         dsec_wire::api::NodeStatus,
+        dsec_wire::api::QueueReport,
         // A query parameter's enum: utoipa refers to it but does not collect it by itself.
         paths::ImportFormat,
         paths::JobOp,
@@ -145,6 +151,7 @@ pub const EDGE_PASS_THROUGH: &[(&str, &str)] = &[
         (name = "cluster", description = "Nodes and the cluster view"),
         (name = "iam", description = "Projects, quotas and API keys (admin)"),
         (name = "jobs", description = "Operations on every sandbox of a job (by labels)"),
+        (name = "batches", description = "Many sandboxes of one shape, placed as capacity frees (create_many)"),
         (name = "functions", description = "Function calls on pre-warmed workers"),
         (name = "ports", description = "Exposed ports: reach a server inside a sandbox"),
         (name = "service", description = "Unauthenticated service routes"),

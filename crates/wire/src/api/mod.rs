@@ -59,6 +59,7 @@ mod network;
 mod node;
 mod ports;
 mod process;
+mod queue;
 mod snapshot;
 mod trajectory;
 mod watch;
@@ -75,6 +76,7 @@ pub use network::*;
 pub use node::*;
 pub use ports::*;
 pub use process::*;
+pub use queue::*;
 pub use snapshot::*;
 pub use trajectory::*;
 pub use watch::*;
@@ -176,6 +178,12 @@ pub struct CreateSandboxRequest {
     /// (`/v1/sandboxes/{id}/ports/{port}/...`); every other port needs one of them.
     #[serde(default)]
     pub public_ports: Vec<u16>,
+    /// Seconds the create may wait for capacity (in the apiserver's per-project fair queue,
+    /// then in the edge's admission queue) instead of being refused with `node_full`; past
+    /// it the refusal names the resource lacking. Unset: no apiserver queue, and the edge
+    /// waits only for its own starting sandboxes (up to its `admission_wait_ms`).
+    #[serde(default)]
+    pub wait_s: Option<f64>,
 }
 
 /// Quality-of-service class of a sandbox (DESIGN.md §7).
