@@ -88,3 +88,11 @@ PYEOF
     "$PY" -m pip install -q "${DEPLOY_TOOLS[@]}" 2>/dev/null \
         || "$PY" -m pip install -q --break-system-packages "${DEPLOY_TOOLS[@]}"
 fi
+
+# API fuzzing of the served OpenAPI document (tests/test_schemathesis.py): pinned.
+SCHEMATHESIS_VERSION=4.32.5
+if [[ "$("$PY" -c 'from importlib.metadata import version; print(version("schemathesis"))' 2>/dev/null)" != "$SCHEMATHESIS_VERSION" ]]; then
+    echo "[dsec] installing schemathesis $SCHEMATHESIS_VERSION"
+    "$PY" -m pip install -q "schemathesis==$SCHEMATHESIS_VERSION" 2>/dev/null \
+        || "$PY" -m pip install -q --break-system-packages "schemathesis==$SCHEMATHESIS_VERSION"
+fi

@@ -89,6 +89,16 @@ pub struct ApiConfig {
     /// Secret that signs port URL tokens; every apiserver replica must share it. Unset: a
     /// random one per process (tokens then stop working when it restarts).
     pub port_url_secret: Option<String>,
+    /// Cluster join token edges present to `POST /v1/nodes/join` (`dsec edge --join URL
+    /// --token T`); tokens issued by `dsec node token create` are accepted too. With one set,
+    /// the static `edges` list may be empty.
+    pub join_token: Option<String>,
+    /// How often a joined edge heartbeats, ms (told to it in the join answer).
+    pub heartbeat_period_ms: u64,
+    /// A joined edge without a heartbeat for this long is `suspect` (no placements), ms.
+    pub heartbeat_timeout_ms: u64,
+    /// How often membership rows are re-read and node states judged, ms.
+    pub membership_sync_ms: u64,
 }
 
 impl Default for ApiConfig {
@@ -107,6 +117,10 @@ impl Default for ApiConfig {
             node_lost_after_ms: 60_000,
             sandbox_domain: None,
             port_url_secret: None,
+            join_token: None,
+            heartbeat_period_ms: 1000,
+            heartbeat_timeout_ms: 5000,
+            membership_sync_ms: 500,
         }
     }
 }
@@ -120,10 +134,38 @@ pub enum ConfigError {
 impl ApiConfig {
     /// Checks every key; the error names the bad one.
     pub fn validate(&self) -> Result<(), ConfigError> {
-        if self.edges.is_empty() {
+        if self.edges.is_empty() && self.join_token.is_none() {
             return Err(ConfigError::Invalid {
                 key: "edges".into(),
-                message: "at least one edge is required".into(),
+                message: "at least one edge is required (or a join_token, so edges can join)"
+                    .into(),
+            });
+        }
+        if self.join_token.as_deref().is_some_and(|t| t.len() < 16) {
+            return Err(ConfigError::Invalid {
+                key: "join_token".into(),
+                message: "must be at least 16 characters".into(),
+            });
+        }
+        for (key, v) in [
+            ("heartbeat_period_ms", self.heartbeat_period_ms),
+            ("heartbeat_timeout_ms", self.heartbeat_timeout_ms),
+            ("membership_sync_ms", self.membership_sync_ms),
+        ] {
+            if v == 0 {
+                return Err(ConfigError::Invalid {
+                    key: key.into(),
+                    message: "must be > 0".into(),
+                });
+            }
+        }
+        if self.heartbeat_timeout_ms <= self.heartbeat_period_ms {
+            return Err(ConfigError::Invalid {
+                key: "heartbeat_timeout_ms".into(),
+                message: format!(
+                    "must be more than heartbeat_period_ms ({})",
+                    self.heartbeat_period_ms
+                ),
             });
         }
         for (i, e) in self.edges.iter().enumerate() {

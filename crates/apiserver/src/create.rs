@@ -53,6 +53,13 @@ pub async fn create(
 ) -> Result<Response, ApiError> {
     let req: CreateSandboxRequest = serde_json::from_slice(&body)
         .map_err(|e| ApiError::BadRequest(format!("invalid create request: {e}")))?;
+    if let Some(w) = req.wait_s {
+        // Burst queueing (issue 22): wait for capacity instead of a `node_full` refusal.
+        let wait = crate::queue::create::check_wait_s(w)?;
+        return crate::queue::create::create_queued(st, principal, req, wait, Extras::default(), None)
+            .await
+            .unwrap_or_else(|| Err(ApiError::Internal("queued create cancelled".into())));
+    }
     create_with(st, principal, req, Extras::default()).await
 }
 
@@ -87,6 +94,13 @@ pub async fn create_with(
         .forwarder
         .watcher()
         .with(|nodes| placement::beyond_largest_node(nodes, &req))
+    {
+        return Err(ApiError::BadRequest(msg));
+    }
+    if let Some(msg) = st
+        .forwarder
+        .watcher()
+        .with(|nodes| crate::offered::never_placeable(nodes, &req))
     {
         return Err(ApiError::BadRequest(msg));
     }
@@ -144,10 +158,14 @@ pub async fn create_with(
     if plan.nodes.is_empty() {
         st.ledger.release_reservation(&res_id);
         st.metrics.placement_refusals.inc();
+        let why = st
+            .forwarder
+            .watcher()
+            .with(|nodes| crate::queue::room::why_no_room(nodes, &req));
         return Ok(error_response(
             codes::NODE_FULL,
             format!(
-                "no healthy node has room for this sandbox (primary pool {:.0}% used); retry later or see GET /v1/nodes",
+                "no healthy node has room for this sandbox (primary pool {:.0}% used; {why}); retry later, send wait_s to wait for capacity, or see GET /v1/nodes",
                 plan.primary_utilisation * 100.0
             ),
         ));

@@ -6,9 +6,11 @@
 //! user, QoS, labels plus the request's), the snapshot as its image and the platform labels
 //! `dsec.fork_of` (the parent) and `dsec.fork_step` (its last completed step at the snapshot),
 //! which the child's trajectory records in its first (`create`) record. Each child has its own
-//! id, writable layer, network and trajectory. Children are placed on the parent's node: the
-//! snapshot's layer metadata lives in that node's image store (its data blob is in the blob
-//! store), and sharing image registrations between nodes is not built yet.
+//! id, writable layer, network and trajectory. When the edges share a blob store (`posix:`,
+//! `s3:`), the parent's edge publishes the snapshot there (`shared` in its answer) and any edge
+//! registers it at the first create naming it, so children are placed across the nodes like
+//! any create (power-of-k, quotas, overflow); otherwise the snapshot is only in the parent
+//! node's image store and the children are placed there.
 //!
 //! A child that fails leaves nothing behind (the edge's create rolls back); the answer lists
 //! the children that exist and the failures by index: 201 when all were made, 207 otherwise.
@@ -177,7 +179,7 @@ pub async fn fork(
             ),
         ]
         .into(),
-        only_node: Some(parent.node.clone()),
+        only_node: (!snapshot.shared).then(|| parent.node.clone()),
     };
     let child = child_request(&parent, &snapshot.id, &req.labels);
     let results: Vec<(u32, Result<SandboxInfo, ErrorDetail>)> = futures::stream::iter(0..req.n)

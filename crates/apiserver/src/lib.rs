@@ -17,6 +17,7 @@
 //! ```
 
 pub mod auth;
+pub mod batch;
 pub mod compat;
 pub mod config;
 pub mod create;
@@ -26,11 +27,14 @@ pub mod fork;
 pub mod forward;
 pub mod iam;
 pub mod jobs;
+pub mod membership;
 pub mod metrics;
 pub mod node_lost;
+pub mod offered;
 pub mod openapi;
 pub mod placement;
 pub mod ports;
+pub mod queue;
 pub mod reconcile;
 pub mod revoke;
 pub mod routes;
@@ -74,6 +78,9 @@ pub struct ApiServer {
     serve_task: JoinHandle<()>,
     watch_task: JoinHandle<()>,
     reconcile_task: JoinHandle<()>,
+    membership_task: JoinHandle<()>,
+
+    queue_task: JoinHandle<()>,
 }
 
 impl ApiServer {
@@ -96,14 +103,32 @@ impl ApiServer {
             Duration::from_millis(config.key_cache_ms),
         ));
         let ledger = iam::ledger::Ledger::open(&db)?;
+        membership::registry::ensure_schema(&db)?;
         let config = Arc::new(config);
+        let membership = membership::Membership::new(
+            db.clone(),
+            watcher.clone(),
+            http.clone(),
+            ledger.clone(),
+            config.clone(),
+        );
+
+        let view = watcher.clone();
+        let queue = queue::BurstQueue::new(
+            metrics.clone(),
+            Arc::new(move |req| view.with(|nodes| queue::room::room_for(nodes, req))),
+        );
+        let queue_task = queue::spawn_ticker(queue.clone());
         let state = routes::AppState {
+            queue,
+            batches: Arc::new(batch::Batches::default()),
             forwarder: forward::Forwarder::new(http.clone(), watcher.clone(), metrics.clone()),
             verifier: verifier.clone(),
             metrics,
             db: db.clone(),
             ledger: ledger.clone(),
             config: config.clone(),
+            membership: membership.clone(),
         };
         let app = routes::router(state);
         let listener = tokio::net::TcpListener::bind(config.listen)
@@ -119,7 +144,10 @@ impl ApiServer {
                 source,
             })?;
         // First poll before serving, so node ids learned from edges are known right away.
+        membership.tick().await;
         watcher.poll_once(&http).await;
+        membership.tick().await;
+        let membership_task = membership.spawn();
         let watch_task = watcher.spawn(http.clone(), config.watcher_period());
         let reconcile_task = reconcile::spawn(
             watcher.clone(),
@@ -144,6 +172,9 @@ impl ApiServer {
             serve_task,
             watch_task,
             reconcile_task,
+            membership_task,
+
+            queue_task,
         })
     }
 
@@ -187,7 +218,12 @@ impl ApiServer {
         self.serve_task.abort();
         self.watch_task.abort();
         self.reconcile_task.abort();
+        self.membership_task.abort();
+
+        self.queue_task.abort();
+        let _ = self.queue_task.await;
         let _ = self.reconcile_task.await;
+        let _ = self.membership_task.await;
         let _ = self.serve_task.await;
         let _ = self.watch_task.await;
     }

@@ -1,7 +1,8 @@
 //! Prometheus metrics of the apiserver.
 
 use prometheus::{
-    Encoder, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, Opts, Registry, TextEncoder,
+    Encoder, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge, Opts, Registry,
+    TextEncoder,
 };
 
 pub struct Metrics {
@@ -15,6 +16,10 @@ pub struct Metrics {
     pub edge_refusals: IntCounter,
     pub overflow_placements: IntCounter,
     pub sandboxfusion_unauthorized: IntCounter,
+    /// Time creates with `wait_s` spent from arrival to their answer, by outcome.
+    pub queue_wait_seconds: HistogramVec,
+    /// Creates with `wait_s` waiting in the burst queue now.
+    pub queue_waiting: IntGauge,
 }
 
 fn counter(name: &str, help: &str) -> IntCounter {
@@ -76,8 +81,27 @@ impl Metrics {
             "dsec_api_sandboxfusion_unauthorized_total",
             "SandboxFusion-compatible calls refused for a missing or invalid key in the URL",
         );
+        let queue_wait_seconds = HistogramVec::new(
+            HistogramOpts::new(
+                "dsec_api_queue_wait_seconds",
+                "Creates with wait_s: time from arrival to the answer, by outcome (placed, refused, error)",
+            )
+            .buckets(vec![
+                0.001, 0.005, 0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0,
+                1800.0,
+            ]),
+            &["outcome"],
+        )
+        .expect("static metric definition");
+        let queue_waiting = IntGauge::new(
+            "dsec_api_queue_waiting",
+            "Creates with wait_s waiting in the burst queue",
+        )
+        .expect("static metric definition");
         for c in [
             Box::new(requests.clone()) as Box<dyn prometheus::core::Collector>,
+            Box::new(queue_wait_seconds.clone()),
+            Box::new(queue_waiting.clone()),
             Box::new(forward_seconds.clone()),
             Box::new(forward_errors.clone()),
             Box::new(sandboxes_created.clone()),
@@ -100,6 +124,8 @@ impl Metrics {
             edge_refusals,
             overflow_placements,
             sandboxfusion_unauthorized,
+            queue_wait_seconds,
+            queue_waiting,
         }
     }
 

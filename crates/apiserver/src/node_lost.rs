@@ -2,10 +2,9 @@
 //! ended. `GET /v1/sandboxes/{id}` answers it `failed` with end reason `node_lost`, a stop
 //! answers the same, and every other call 410 `sandbox_dead`.
 //!
-//! This is the apiserver's view, kept without a database: it holds while the node stays
-//! silent. Node membership (issue 22: registration, heartbeats, eviction) is what would make it
-//! final — an evicted node told to kill its sandboxes when it comes back; until then a node
-//! that rejoins after the grace still has its sandboxes, and they answer again.
+//! While the node stays silent this is the apiserver's own view; once membership recorded the
+//! node lost (`crate::membership::loss`, shared through the database) it is final: the
+//! node's sandboxes are stopped with end reason `node_lost` when it comes back.
 
 use dsec_wire::api::{EndReason, SandboxInfo, SandboxState};
 
@@ -15,6 +14,16 @@ use crate::routes::AppState;
 /// The ended view of sandbox `id` when its node counts as lost.
 pub fn lost(st: &AppState, id: &str) -> Option<SandboxInfo> {
     let node = dsec_wire::id::node_of(id)?;
+    if st.membership.is_lost(node) {
+        // Recorded lost (by any replica): final, even once it answers again (its sandboxes
+        // are then stopped, see `crate::membership::loss`).
+        let detail = format!(
+            "node {node} stopped answering for longer than node_lost_after_ms = {} ms; its \
+             sandboxes are counted as lost",
+            st.config.node_lost_after_ms
+        );
+        return Some(ended(id, node, detail));
+    }
     let silent = st.forwarder.watcher().silent_for(node)?;
     if silent.as_millis() < u128::from(st.config.node_lost_after_ms) {
         return None;
@@ -25,7 +34,11 @@ pub fn lost(st: &AppState, id: &str) -> Option<SandboxInfo> {
         silent.as_secs(),
         st.config.node_lost_after_ms
     );
-    Some(SandboxInfo {
+    Some(ended(id, node, detail))
+}
+
+fn ended(id: &str, node: &str, detail: String) -> SandboxInfo {
+    SandboxInfo {
         id: id.to_string(),
         node: node.to_string(),
         state: SandboxState::Failed,
@@ -33,7 +46,7 @@ pub fn lost(st: &AppState, id: &str) -> Option<SandboxInfo> {
         end_reason: Some(EndReason::NodeLost),
         end_detail: Some(detail),
         ..Default::default()
-    })
+    }
 }
 
 /// The 410 every call other than get and stop answers for a sandbox of a lost node.

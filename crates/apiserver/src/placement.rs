@@ -212,6 +212,7 @@ pub fn plan(
             return false;
         };
         n.healthy
+            && !n.cordoned
             && (s.substrates.is_empty() || s.substrates.contains(&req.substrate))
             && sel
                 .iter()
@@ -267,7 +268,10 @@ pub fn plan(
         }
     }
     // Edges not polled yet are a last resort, so a create right after start does not fail.
-    for n in nodes.iter().filter(|n| !n.polled && !is_overflow(n)) {
+    for n in nodes
+        .iter()
+        .filter(|n| !n.polled && !n.cordoned && !is_overflow(n))
+    {
         if out.len() >= cfg.max_attempts {
             break;
         }
@@ -359,6 +363,7 @@ mod tests {
             last_seen: None,
             last_error: None,
             polled: true,
+            cordoned: false,
         }
     }
 

@@ -14,7 +14,7 @@ use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{any, delete, get, post, put};
 use axum::Router;
-use dsec_wire::api::{limits, NodeList, NodeStatus, SandboxList};
+use dsec_wire::api::{limits, SandboxList};
 use tracing::Instrument;
 
 use crate::auth::{bearer, KeyVerifier};
@@ -31,6 +31,12 @@ pub struct AppState {
     pub db: crate::db::Db,
     pub ledger: crate::iam::ledger::Ledger,
     pub config: Arc<crate::config::ApiConfig>,
+    pub membership: crate::membership::Membership,
+
+    /// Creates with `wait_s` waiting for capacity (issue 22).
+    pub queue: Arc<crate::queue::BurstQueue>,
+    /// `create_many` batches of this apiserver.
+    pub batches: Arc<crate::batch::Batches>,
 }
 
 /// HTTP method of a registered route; `Any` is the edge pass-through.
@@ -133,7 +139,23 @@ pub fn v1_routes() -> Routes {
         // microVM templates (issue 9) of the first edge, like images: an operator's view.
         .on(Get, "/v1/microvm/templates", images_simple)
         .on(Delete, "/v1/microvm/templates", images_simple)
-        .on(Get, "/v1/nodes", nodes)
+        .on(Get, "/v1/nodes", crate::membership::http::list)
+        .on(
+            Post,
+            "/v1/nodes/tokens",
+            crate::membership::http::create_token,
+        )
+        .on(
+            Post,
+            "/v1/nodes/{id}/cordon",
+            crate::membership::http::cordon,
+        )
+        .on(
+            Post,
+            "/v1/nodes/{id}/uncordon",
+            crate::membership::http::uncordon,
+        )
+        .on(Post, "/v1/nodes/{id}/drain", crate::membership::http::drain)
         .on(Get, "/v1/cluster", iam::cluster)
         .on(Get, "/v1/projects", iam::list_projects)
         .on(Post, "/v1/projects", iam::create_project)
@@ -141,6 +163,9 @@ pub fn v1_routes() -> Routes {
         .on(Post, "/v1/keys", iam::create_key)
         .on(Delete, "/v1/keys/{id}", iam::revoke_key)
         .on(Post, "/v1/jobs/{op}", crate::jobs::job)
+        .on(Post, "/v1/batches", crate::batch::create)
+        .on(Get, "/v1/batches/{id}", crate::batch::get)
+        .on(Delete, "/v1/batches/{id}", crate::batch::cancel)
         .on(Post, "/v1/functions/call", functions_forward)
         .on(Post, "/v1/functions/batch", functions_forward)
         .on(Get, "/v1/functions/pools", functions_forward)
@@ -153,6 +178,13 @@ pub fn public_routes() -> Routes {
         .on(Get, "/openapi.json", openapi)
         .on(Get, "/healthz", || async { "ok\n" })
         .on(Get, "/metrics", metrics)
+        // Membership (issue 22): authorized by a cluster join token, not an API key.
+        .on(Post, "/v1/nodes/join", crate::membership::http::join)
+        .on(
+            Post,
+            "/v1/nodes/{id}/heartbeat",
+            crate::membership::http::heartbeat,
+        )
         // SandboxFusion-compatible (issue 20): the API key is in the path.
         .on(
             Post,
@@ -362,6 +394,7 @@ async fn stop_sandbox(
     .await?;
     if resp.status().is_success() || resp.status() == StatusCode::NOT_FOUND {
         st.ledger.release_sandbox(&id);
+        crate::queue::capacity_freed_by_stop(&st, &id);
     }
     Ok(resp)
 }
@@ -706,25 +739,6 @@ fn image_edge(st: &AppState) -> Result<crate::config::EdgeEndpoint, ApiError> {
         .watcher()
         .first_endpoint()
         .ok_or_else(|| ApiError::NodeUnavailable("no edge is configured".into()))
-}
-
-async fn nodes(State(st): State<AppState>) -> axum::Json<NodeList> {
-    let nodes = st
-        .forwarder
-        .watcher()
-        .snapshot()
-        .into_iter()
-        .map(|v| {
-            let mut s = v.status.unwrap_or_else(|| NodeStatus {
-                node: v.node_id.clone().unwrap_or_default(),
-                url: v.endpoint.url.clone(),
-                ..Default::default()
-            });
-            s.healthy = v.healthy;
-            s
-        })
-        .collect();
-    axum::Json(NodeList { nodes })
 }
 
 async fn openapi() -> Response {

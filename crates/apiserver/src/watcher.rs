@@ -26,6 +26,9 @@ pub struct NodeView {
     pub last_error: Option<String>,
     /// True once at least one poll finished (successfully or not).
     pub polled: bool,
+    /// True while the node's membership state refuses placements (cordoned, draining,
+    /// drained, suspect by missed heartbeats, lost): see [`crate::membership`].
+    pub cordoned: bool,
 }
 
 /// A sandbox this apiserver placed, remembered until a poll that surely includes it.
@@ -62,11 +65,53 @@ impl Watcher {
                 last_seen: None,
                 last_error: None,
                 polled: false,
+                cordoned: false,
             })
             .collect();
         Watcher {
             nodes: Arc::new(RwLock::new(nodes)),
             placed: Arc::new(Mutex::new(vec![Vec::new(); edges.len()])),
+        }
+    }
+
+    /// Adds the edge `e` (a node that joined), or updates its URL and token when a node with
+    /// its id is known already (it re-joined after a restart). Returns its index.
+    pub fn upsert_endpoint(&self, e: EdgeEndpoint) -> usize {
+        let mut nodes = self.nodes.write().unwrap_or_else(|p| p.into_inner());
+        if let Some(n) = nodes
+            .iter_mut()
+            .find(|n| e.node_id.is_some() && n.node_id == e.node_id)
+        {
+            if n.endpoint.url != e.url || n.endpoint.token != e.token {
+                tracing::info!(node = ?e.node_id, url = %e.url, "edge re-joined at a new address");
+                n.endpoint.url = e.url.clone();
+                n.endpoint.token = e.token.clone();
+            }
+            return n.index;
+        }
+        let index = nodes.len();
+        tracing::info!(node = ?e.node_id, url = %e.url, "edge joined");
+        nodes.push(NodeView {
+            index,
+            node_id: e.node_id.clone(),
+            endpoint: e,
+            status: None,
+            healthy: false,
+            last_seen: None,
+            last_error: None,
+            polled: false,
+            cordoned: false,
+        });
+        let mut placed = self.placed.lock().unwrap_or_else(|p| p.into_inner());
+        placed.resize(nodes.len(), Vec::new());
+        index
+    }
+
+    /// Lets the node at `index` take placements or not (its membership state).
+    pub fn set_cordoned(&self, index: usize, cordoned: bool) {
+        let mut nodes = self.nodes.write().unwrap_or_else(|p| p.into_inner());
+        if let Some(n) = nodes.get_mut(index) {
+            n.cordoned = cordoned;
         }
     }
 
@@ -105,6 +150,21 @@ impl Watcher {
                 memory_mb,
                 cpu,
             });
+        }
+    }
+
+    /// Counts a sandbox stopped through this apiserver out of the local view of `node_id`
+    /// (so queued creates see the room before the next poll; the poll's figures win then).
+    pub fn note_stopped(&self, node_id: &str) {
+        let Ok(mut nodes) = self.nodes.write() else {
+            return;
+        };
+        if let Some(s) = nodes
+            .iter_mut()
+            .find(|n| n.node_id.as_deref() == Some(node_id))
+            .and_then(|n| n.status.as_mut())
+        {
+            s.sandboxes_running = s.sandboxes_running.saturating_sub(1);
         }
     }
 
@@ -212,6 +272,12 @@ impl Watcher {
         }
     }
 
+    /// Records a successful poll of the node at `index` (tests of other modules).
+    #[cfg(test)]
+    pub(crate) fn record_ok(&self, index: usize, status: NodeStatus) {
+        self.record(index, Ok(status), Instant::now());
+    }
+
     /// Polls every edge once, concurrently.
     pub async fn poll_once(&self, http: &reqwest::Client) {
         let endpoints = self.endpoints();
@@ -222,6 +288,16 @@ impl Watcher {
         for (i, r, started) in futures::future::join_all(polls).await {
             self.record(i, r, started);
         }
+    }
+
+    /// Polls the node at `index` now (a node that just joined).
+    pub async fn poll_index(&self, http: &reqwest::Client, index: usize) {
+        let Some((e, _)) = self.endpoint_at(index) else {
+            return;
+        };
+        let started = Instant::now();
+        let r = fetch_status(http, &e).await;
+        self.record(index, r, started);
     }
 
     /// Polls the edges whose index is `slice` modulo `slices`, concurrently.

@@ -16,9 +16,11 @@
 
 pub mod admin;
 pub mod functions;
+pub mod membership;
 pub mod processes;
 
 mod ports;
+mod queue;
 
 use std::path::Path;
 use std::pin::Pin;

@@ -7,6 +7,7 @@
 mod cmd;
 mod connect;
 mod envfile;
+mod join;
 mod logging;
 mod parse;
 mod server;
@@ -115,6 +116,9 @@ pub enum Command {
     Trajectory(cmd::trajectory::TrajectoryArgs),
     /// Re-execute a trajectory (JSONL) in a fresh sandbox and report every step that differs.
     Replay(cmd::trajectory::ReplayArgs),
+    /// Cluster membership (admin): `node ls`, `node cordon|uncordon|drain ID`, `node token create`.
+    #[command(subcommand)]
+    Node(cmd::node::NodeCommand),
     /// Projects and their delegated quotas (admin).
     #[command(subcommand)]
     Project(cmd::project::ProjectCommand),
@@ -178,6 +182,19 @@ pub struct EdgeArgs {
     /// from --listen's port, with node ids <node-id>0, <node-id>1, ...
     #[arg(long, requires = "simulated")]
     pub count: Option<u32>,
+    /// Join the cluster at this apiserver URL (register, then heartbeat): no apiserver
+    /// restart needed. Authorized by --join-token (or, when that is absent, --token, and the
+    /// edge's own bearer token is then generated).
+    #[arg(long, value_name = "API_URL", conflicts_with = "simulated")]
+    pub join: Option<String>,
+    /// Cluster join token for --join (`dsec node token create`, or the apiserver's
+    /// `join_token`).
+    #[arg(long, env = "DSEC_JOIN_TOKEN", hide_env_values = true)]
+    pub join_token: Option<String>,
+    /// With --join: the pool this node is in (primary or overflow; overflow also labels it
+    /// pool=overflow for placement).
+    #[arg(long, requires = "join", value_parser = ["primary", "overflow"])]
+    pub pool: Option<String>,
 }
 
 #[derive(Args, Debug)]
@@ -211,6 +228,10 @@ pub struct ApiserverArgs {
     /// TOML file with an `[apiserver]` table; flags override it.
     #[arg(long)]
     pub config: Option<PathBuf>,
+    /// Cluster join token that `dsec edge --join` presents (at least 16 characters); tokens
+    /// from `dsec node token create` work too.
+    #[arg(long, env = "DSEC_JOIN_TOKEN", hide_env_values = true)]
+    pub join_token: Option<String>,
 }
 
 fn main() {
@@ -287,6 +308,7 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Nodes(a) => cmd::nodes::nodes(&connect::client(&g)?, a).await,
         Command::Trajectory(a) => cmd::trajectory::trajectory(&connect::client(&g)?, a).await,
         Command::Replay(a) => cmd::trajectory::replay(&connect::client(&g)?, a).await,
+        Command::Node(c) => cmd::node::node(&connect::client(&g)?, c).await,
         Command::Project(c) => cmd::project::project(&connect::client(&g)?, c).await,
         Command::Key(c) => cmd::key::key(&connect::client(&g)?, c).await,
         Command::Top(a) => cmd::top::top(&connect::client(&g)?, a).await,

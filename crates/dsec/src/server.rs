@@ -243,6 +243,24 @@ pub async fn edge(a: EdgeArgs) -> anyhow::Result<()> {
     }
     let Loaded { mut edge, .. } = load_config(a.config.as_deref())?;
     edge.labels.extend(a.labels.iter().cloned());
+    let mut a = a;
+    // With --join and no --join-token, --token is the cluster join token.
+    let join_token = match (&a.join, a.join_token.take()) {
+        (None, _) => None,
+        (Some(_), Some(t)) => Some(t),
+        (Some(_), None) => Some(a.token.take().ok_or_else(|| {
+            crate::UsageError(
+                "--join needs --join-token (or --token) with a cluster join token".into(),
+            )
+        })?),
+    };
+    let pool = match a.pool.as_deref() {
+        Some("overflow") => {
+            edge.labels.insert("pool".into(), "overflow".into());
+            dsec_wire::api::NodePool::Overflow
+        }
+        _ => dsec_wire::api::NodePool::Primary,
+    };
     if let Some(c) = a.capacity {
         edge.capacity = c;
     }
@@ -270,6 +288,27 @@ pub async fn edge(a: EdgeArgs) -> anyhow::Result<()> {
     wait_http_ok(&format!("{url}/healthz"), Duration::from_secs(30))
         .await
         .context("wait for the edge")?;
+    let heartbeat = match (&a.join, join_token) {
+        (Some(api), Some(token)) => {
+            let req = dsec_wire::api::JoinRequest {
+                node_id: edge.config().node_id.clone(),
+                url: url.clone(),
+                token: edge.token().to_string(),
+                capacity: edge.config().capacity,
+                pool,
+                labels: edge.config().labels.clone(),
+            };
+            match crate::join::join(api, &token, req, Duration::from_secs(60)).await {
+                Ok(h) => Some(h),
+                Err(e) => {
+                    edge.shutdown().await;
+                    task.abort();
+                    return Err(e);
+                }
+            }
+        }
+        _ => None,
+    };
     {
         use std::io::Write;
         let mut out = std::io::stdout().lock();
@@ -280,6 +319,9 @@ pub async fn edge(a: EdgeArgs) -> anyhow::Result<()> {
     let sig = wait_for_signal().await?;
     tracing::info!(signal = sig, "shutting down: stopping every sandbox");
     exit_on_second_signal();
+    if let Some(h) = heartbeat {
+        h.abort();
+    }
     edge.shutdown().await;
     task.abort();
     Ok(())
@@ -389,8 +431,14 @@ pub async fn apiserver(a: ApiserverArgs) -> anyhow::Result<()> {
         api.edges
             .push(EdgeEndpoint::parse(e).with_context(|| format!("--edge {e}"))?);
     }
-    if api.edges.is_empty() {
-        return Err(crate::UsageError("pass at least one --edge URL[#token]".into()).into());
+    if let Some(t) = a.join_token.clone() {
+        api.join_token = Some(t);
+    }
+    if api.edges.is_empty() && api.join_token.is_none() {
+        return Err(crate::UsageError(
+            "pass at least one --edge URL[#token], or --join-token so edges can join".into(),
+        )
+        .into());
     }
     let env_file: PathBuf = a.env_file.unwrap_or_else(|| default_env_file(&api.db_path));
     let server = ApiServer::start(api).await.context("start the apiserver")?;

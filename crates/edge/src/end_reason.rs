@@ -9,6 +9,7 @@
 //! | the agent died otherwise (killed from outside, crashed) | `internal_error` |
 //! | the edge restarted and could not re-adopt it | `edge_restart_not_adopted` |
 //! | the edge shut down with it running | `preempted` |
+//! | the node's pressure policy ended it (`[edge.reclaim] stop_on_pressure`) | `memory_pressure` |
 
 use dsec_wire::api::{EndReason, ListSandboxesQuery, SandboxInfo};
 

@@ -4,8 +4,10 @@
 //! its writable layer is packed into an EROFS layer, the image `<snapshot id>` = the sandbox's
 //! layers + that layer is registered in the image store (whose reference counting keeps every
 //! layer a snapshot or a sandbox uses; the layer's data blob goes to the node's blob store),
-//! and the sandbox is thawed and goes on. The answer names the trajectory step the snapshot
-//! was taken at; the sandbox's trajectory gets a `snapshot` record.
+//! and the sandbox is thawed and goes on. With a blob store the nodes share (`posix:`, `s3:`)
+//! the image is then published there (`dsec_image` `store::publish`), so that any edge can start
+//! from it (`shared` in the answer). The answer names the trajectory step the snapshot was
+//! taken at; the sandbox's trajectory gets a `snapshot` record.
 
 use std::time::Instant;
 
@@ -47,6 +49,7 @@ pub fn info(
     step: Option<u64>,
     image: ImageInfo,
     started: Instant,
+    shared: bool,
 ) -> SnapshotInfo {
     SnapshotInfo {
         id: image.name.clone(),
@@ -55,6 +58,7 @@ pub fn info(
         step,
         image,
         snapshot_ms: started.elapsed().as_secs_f64() * 1000.0,
+        shared,
     }
 }
 

@@ -34,6 +34,11 @@ pub struct LayerRecord {
     /// sha256 of the blob's length and its first and last 64 KiB (checked before mounting).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub blob_sample: Option<String>,
+    /// Another node put it in the shared blob store (the layer came with an adopted image, see
+    /// `store::publish`, or with an image derived from one): deleting it here deletes this
+    /// node's copies, never the blob store's objects.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub foreign: bool,
 }
 
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]

@@ -4,7 +4,8 @@
 //! * [`qos`] — QoS classes, the kernel capabilities behind them ([`qos::caps`]), overcommit
 //!   admission by measured usage ([`qos::admission`]) and the usage sampler.
 //! * [`reclaim`] — cold-memory reclaim (DAMON or cgroup-driven), the zram swap tier, the node
-//!   memory budget and memory pressure (reclaim, then pause best-effort sandboxes).
+//!   memory budget and memory pressure (reclaim, then pause, then — when enabled — end
+//!   best-effort sandboxes).
 //!
 //! What this crate owns: the policy decisions and the node-wide kernel objects they need
 //! (the zram device, the kdamond). What it must not do: keep sandbox state, touch a sandbox's
@@ -54,6 +55,9 @@ pub trait SandboxView: Send + Sync + 'static {
         id: &'a str,
         reason: &'a str,
     ) -> BoxFut<'a, Result<(), ViewError>>;
+    /// Ends a sandbox because the node is short of memory and pausing did not relieve it
+    /// (end reason `memory_pressure`; `reason` is its detail).
+    fn stop_for_pressure<'a>(&'a self, id: &'a str, reason: &'a str) -> BoxFut<'a, ()>;
     /// Records a state change the policy made in the sandbox's trajectory.
     fn note(
         &self,

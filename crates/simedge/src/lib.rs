@@ -343,6 +343,7 @@ impl SimulatedEdge {
             labels,
             capabilities: Some(self.qos.caps().to_wire()),
             admission: Some(self.qos.status(&self.edge.capacity())),
+            membership: None,
         }
     }
 

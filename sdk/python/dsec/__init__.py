@@ -13,6 +13,7 @@ await sandbox.stop()
 A synchronous client with the same methods is in :mod:`dsec.sync`.
 """
 
+from .batch import Batch, BatchStatus, QueueReport
 from .client import DSecClient, Sandbox
 from .errors import (
     BadRequest,
@@ -46,6 +47,8 @@ __version__ = "0.1.0"
 
 __all__ = [
     "BadRequest",
+    "Batch",
+    "BatchStatus",
     "CommandTimeout",
     "Conflict",
     "DSecClient",
@@ -71,6 +74,7 @@ __all__ = [
     "ProcessHandle",
     "ProcessInfo",
     "ProcessOutput",
+    "QueueReport",
     "QuotaExceeded",
     "RunResult",
     "Sandbox",

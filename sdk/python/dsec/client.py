@@ -22,6 +22,7 @@ from typing import (
 from urllib.parse import quote
 
 from . import _http
+from .nodes import NodesMixin
 from .functions import FunctionsMixin
 from .processes import MetricsMixin, ProcessesMixin
 from .watch import WatchMixin
@@ -36,6 +37,7 @@ from .errors import (
     error_from_body,
     error_from_parts,
 )
+from .batch import Batch, BatchStatus, QueueReport, batch_body
 from .trajectory import FastForward, StepCounter, content_of, exec_key, shell_key, write_key
 from .types import (
     DSecContainerRunArgs,
@@ -106,7 +108,7 @@ def _http_timeout(command_timeout: Optional[float]) -> float:
     return (command_timeout if command_timeout is not None else DEFAULT_COMMAND_TIMEOUT) + HTTP_GRACE
 
 
-class DSecClient(FunctionsMixin):
+class DSecClient(FunctionsMixin, NodesMixin):
     """Asynchronous dsec client.
 
     ``api_url`` and ``api_key`` default to the ``DSEC_API_URL`` and ``DSEC_API_KEY`` environment
@@ -282,12 +284,15 @@ class DSecClient(FunctionsMixin):
         body = args.to_json() if isinstance(args, DSecContainerRunArgs) else dict(args)
         if "container_image" in body and "image" not in body:
             body["image"] = body.pop("container_image")
+        # A create with wait_s may wait that long in the apiserver's queue before it starts.
+        timeout += float(body.get("wait_s") or 0.0)
         deadline = time.monotonic() + timeout
         # A create carrying an idempotency key may be resent; one without never is.
         resp = await self._request(
             "POST", "/v1/sandboxes", json_body=body, timeout=timeout, retry=bool(body.get("idempotency_key"))
         )
         info = SandboxInfo.from_json(self._json(resp))
+        queue = QueueReport.from_json(info.raw.get("queue"))
         while info.state == "creating":
             if time.monotonic() > deadline:
                 raise DSecError(f"sandbox {info.id} still creating after {timeout:g} s", code="timeout")
@@ -298,7 +303,9 @@ class DSecClient(FunctionsMixin):
                 f"sandbox {info.id} is {info.state} right after creation: {info.reason or 'no reason given'}",
                 code="sandbox_dead",
             )
-        return Sandbox(self, info)
+        sb = Sandbox(self, info)
+        sb.queue = queue
+        return sb
 
     async def run_microvm(
         self, args: Union[DSecContainerRunArgs, Mapping[str, Any]], timeout: float = 300.0
@@ -323,20 +330,40 @@ class DSecClient(FunctionsMixin):
 
     async def create(
         self, args: Union[DSecContainerRunArgs, Mapping[str, Any], None] = None, *,
-        from_snapshot: Optional[str] = None, timeout: float = 120.0, **fields: Any,
+        from_snapshot: Optional[str] = None, timeout: float = 120.0, wait_s: Optional[float] = None,
+        **fields: Any,
     ) -> "Sandbox":
         """Creates a sandbox from ``args`` (or keyword fields); ``from_snapshot`` starts it from
-        a snapshot (:meth:`Sandbox.snapshot`'s ``id``) instead of an image."""
+        a snapshot (:meth:`Sandbox.snapshot`'s ``id``) instead of an image. ``wait_s``: wait up
+        to that long in the apiserver's queue for a node with room instead of failing with
+        ``node_full`` (:attr:`Sandbox.queue` then says how long it waited)."""
         if args is None:
             body: Dict[str, Any] = dict(fields)
         elif isinstance(args, DSecContainerRunArgs):
             body = args.to_json()
         else:
             body = dict(args)
+        if wait_s is not None:
+            body["wait_s"] = float(wait_s)
         if from_snapshot is not None:
             body.pop("container_image", None)
             body["image"] = from_snapshot
         return await self.run_container(body, timeout=timeout)
+
+    async def create_many(
+        self, args: Union[DSecContainerRunArgs, Mapping[str, Any]], n: int, *,
+        labels: Optional[Mapping[str, str]] = None, wait_s: Optional[float] = None,
+    ) -> Batch:
+        """Submits ``n`` creates of one shape as a batch placed as capacity frees (each waits
+        up to ``wait_s``, default an hour); every sandbox is labelled ``dsec.batch=<id>``
+        and ``labels``. :meth:`Batch.refresh` reads placed/queued/failed while it runs."""
+        resp = await self._request("POST", "/v1/batches", json_body=batch_body(args, n, labels, wait_s))
+        return Batch(self, BatchStatus.from_json(self._json(resp)))
+
+    async def get_batch(self, batch_id: str) -> Batch:
+        """A handle on a batch submitted through this apiserver."""
+        resp = await self._request("GET", f"/v1/batches/{_seg(batch_id)}")
+        return Batch(self, BatchStatus.from_json(self._json(resp)))
 
     async def get_sandbox(self, sandbox_id: str) -> SandboxInfo:
         resp = await self._request("GET", f"/v1/sandboxes/{_seg(sandbox_id)}")
@@ -585,6 +612,8 @@ class Sandbox(ProcessesMixin, WatchMixin, MetricsMixin):
         self._ff: Optional[FastForward] = None
         #: Highest completed step when the handle was attached (``None``: none).
         self.last_completed_step: Optional[int] = None
+        #: How the create waited in the apiserver's queue (creates with ``wait_s`` only).
+        self.queue: Optional[QueueReport] = None
 
     def _step(self, step: Optional[int]) -> Optional[int]:
         return self._steps.next(step) if (self.auto_step or step is not None) else None
@@ -762,7 +791,8 @@ class Sandbox(ProcessesMixin, WatchMixin, MetricsMixin):
         """Snapshots this sandbox's files: its writable layer, taken while it is frozen, becomes
         a layer on top of its layers, registered as an image. Answers the snapshot (``id``: the
         image name to create from, ``step``: the last completed step, ``image``,
-        ``snapshot_ms``). The sandbox goes on; a sandbox created from the snapshot starts new
+        ``snapshot_ms``, ``shared``: published in the blob store the nodes share, so any node
+        can start from it). The sandbox goes on; a sandbox created from the snapshot starts new
         processes on those files (``memory=True``, processes too, is for microVMs: not yet)."""
         body: Dict[str, Any] = {"memory": memory}
         if name is not None:

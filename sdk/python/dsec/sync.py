@@ -22,6 +22,7 @@ from typing import Any, AsyncIterator, Awaitable, Dict, Iterator, List, Mapping,
 from . import client as _async
 from .errors import SandboxNotFound
 from .functions import SyncFunctionsMixin
+from .nodes import SyncNodesMixin
 from .processes import SyncMetricsMixin, SyncProcessesMixin
 from .watch import SyncWatchMixin
 from .types import DSecContainerRunArgs, DSecVMRunArgs, FileInfo, ImageInfo, SandboxInfo, ShellResult, StreamEvent
@@ -68,7 +69,7 @@ class _LoopThread:
             self.loop.close()
 
 
-class DSecClient(SyncFunctionsMixin):
+class DSecClient(SyncFunctionsMixin, SyncNodesMixin):
     """Synchronous dsec client (see :class:`dsec.DSecClient` for the arguments)."""
 
     def __init__(

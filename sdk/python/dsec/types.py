@@ -70,6 +70,9 @@ class DSecContainerRunArgs:
     #: TCP ports reachable through the apiserver without the API key or a signed URL
     #: (``sandbox.get_url(port, public=True)``); other ports need one of them.
     public_ports: Optional[List[int]] = None
+    #: Seconds to wait in the apiserver's queue for a node with room instead of failing with
+    #: ``node_full`` (the sandbox's ``queue`` then says how long it waited).
+    wait_s: Optional[float] = None
 
     def to_json(self) -> Dict[str, Any]:
         """The JSON body of the create call (``container_image`` becomes ``image``)."""

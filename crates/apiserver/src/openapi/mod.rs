@@ -7,6 +7,9 @@
 //! [`crate::routes::public_routes`] register; the tests below fail when a registered route, a
 //! wire field or an error code is missing from the document.
 
+mod membership;
+
+mod batches;
 mod paths;
 mod ports;
 mod processes;
@@ -92,6 +95,12 @@ pub const EDGE_PASS_THROUGH: &[(&str, &str)] = &[
         paths::list_microvm_templates,
         paths::remove_microvm_templates,
         paths::list_nodes,
+        membership::join_node,
+        membership::node_heartbeat,
+        membership::cordon_node,
+        membership::uncordon_node,
+        membership::drain_node,
+        membership::create_join_token,
         paths::cluster_view,
         paths::list_projects,
         paths::create_project,
@@ -99,6 +108,9 @@ pub const EDGE_PASS_THROUGH: &[(&str, &str)] = &[
         paths::create_key,
         paths::revoke_key,
         paths::job_op,
+        batches::create_batch,
+        batches::get_batch,
+        batches::cancel_batch,
         paths::function_call,
         paths::function_batch,
         paths::function_pools,
@@ -124,6 +136,7 @@ pub const EDGE_PASS_THROUGH: &[(&str, &str)] = &[
         dsec_wire::api::ErrorCode,
         dsec_wire::api::TtyControl,
         dsec_wire::api::NodeStatus,
+        dsec_wire::api::QueueReport,
         // A query parameter's enum: utoipa refers to it but does not collect it by itself.
         paths::ImportFormat,
         paths::JobOp,
@@ -138,6 +151,7 @@ pub const EDGE_PASS_THROUGH: &[(&str, &str)] = &[
         (name = "cluster", description = "Nodes and the cluster view"),
         (name = "iam", description = "Projects, quotas and API keys (admin)"),
         (name = "jobs", description = "Operations on every sandbox of a job (by labels)"),
+        (name = "batches", description = "Many sandboxes of one shape, placed as capacity frees (create_many)"),
         (name = "functions", description = "Function calls on pre-warmed workers"),
         (name = "ports", description = "Exposed ports: reach a server inside a sandbox"),
         (name = "service", description = "Unauthenticated service routes"),

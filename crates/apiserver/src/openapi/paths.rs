@@ -249,11 +249,14 @@ struct QueueFull {
     retry_after_s: u64,
 }
 
-/// Create a sandbox (placed on a healthy edge).
+/// Create a sandbox (placed on a healthy edge). With `wait_s` it waits up to that long in
+/// the apiserver's queue (FIFO per project, projects in turn) for a node with room; its answer
+/// then also has `queue` (a `QueueReport`: how long it waited) and the header
+/// `x-dsec-queue-wait-ms`; past `wait_s` it is refused `503 node_full` naming what was lacking.
 #[utoipa::path(post, path = "/v1/sandboxes", tag = "sandboxes", operation_id = "createSandbox",
     request_body = CreateSandboxRequest,
     responses(
-        (status = 201, description = "Created", body = SandboxInfo),
+        (status = 201, description = "Created (with `wait_s`: plus `queue`, a QueueReport)", body = SandboxInfo),
         (status = "default", description = ERRORS, body = ErrorBody),
     ))]
 pub fn create_sandbox() {}

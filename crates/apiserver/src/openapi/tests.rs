@@ -232,6 +232,27 @@ fn samples() -> BTreeMap<&'static str, Vec<Value>> {
         add("Substrate", ser(v));
     }
     add("CreateSandboxRequest", ser(CreateSandboxRequest::default()));
+    add("QueueReport", ser(QueueReport::default()));
+    add("CreateBatchRequest", ser(CreateBatchRequest::default()));
+    for v in [BatchState::Running, BatchState::Done, BatchState::Cancelled] {
+        add("BatchState", ser(v));
+    }
+    add(
+        "BatchStatus",
+        ser(BatchStatus {
+            id: "bt-1".into(),
+            state: BatchState::Running,
+            count: 1,
+            placed: 0,
+            queued: 1,
+            failed: 0,
+            cancelled: 0,
+            sandbox_ids: vec![],
+            errors: Default::default(),
+            last_error: some_s(),
+            created_at: "t".into(),
+        }),
+    );
     add("QosClass", ser(QosClass::LatencySensitive));
     add("QosClass", ser(QosClass::BestEffort));
     add("TtlAction", ser(TtlAction::Stop));
@@ -272,6 +293,7 @@ fn samples() -> BTreeMap<&'static str, Vec<Value>> {
         step: Some(1),
         image: image_info(),
         snapshot_ms: 1.0,
+        shared: true,
     };
     add("SnapshotInfo", ser(snapshot.clone()));
     add(
@@ -484,6 +506,7 @@ fn samples() -> BTreeMap<&'static str, Vec<Value>> {
         ser(NodeStatus {
             capabilities: Some(NodeCapabilities::default()),
             admission: Some(AdmissionStatus::default()),
+            membership: Some(crate::membership::samples::membership()),
             ..Default::default()
         }),
     );
@@ -491,6 +514,7 @@ fn samples() -> BTreeMap<&'static str, Vec<Value>> {
     add("NodeCapabilities", ser(NodeCapabilities::default()));
     add("AdmissionStatus", ser(AdmissionStatus::default()));
     add("NodeList", ser(NodeList { nodes: vec![] }));
+    crate::membership::samples::add_samples(&mut add);
     add(
         "ErrorBody",
         ser(ErrorBody {
@@ -779,6 +803,7 @@ fn request_bodies_refuse_unknown_fields_as_the_server_does() {
         "Quota",
         "CreateProjectRequest",
         "CreateKeyRequest",
+        "CreateBatchRequest",
     ] {
         assert_eq!(
             schemas[name]["additionalProperties"],

@@ -57,6 +57,12 @@ pub struct CreateLoadArgs {
     /// Write every created sandbox id here, one per line.
     #[arg(long)]
     pub ids_out: Option<std::path::PathBuf>,
+    /// Let every create wait up to this many seconds in the apiserver's queue for capacity.
+    #[arg(long)]
+    pub wait_s: Option<f64>,
+    /// With --wait-s: write one JSON line per placed create here (its id and queue report).
+    #[arg(long)]
+    pub queue_out: Option<std::path::PathBuf>,
 }
 
 #[derive(Debug, Serialize, Default)]
@@ -77,6 +83,21 @@ pub struct LoadSummary {
     pub create_max_ms: f64,
     /// Creates per node id.
     pub per_node: BTreeMap<String, u64>,
+    /// With --wait-s: time placed creates waited in the apiserver's queue.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub queue_wait_p50_ms: Option<f64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub queue_wait_p99_ms: Option<f64>,
+}
+
+/// One line of `--queue-out`.
+#[derive(Debug, Serialize)]
+struct QueuedLine {
+    id: String,
+    /// Order in which this load generator sent the create.
+    sent: u64,
+    #[serde(flatten)]
+    queue: dsec_wire::api::QueueReport,
 }
 
 fn pct(sorted: &[f64], p: f64) -> f64 {
@@ -90,6 +111,7 @@ fn pct(sorted: &[f64], p: f64) -> f64 {
 struct Shared {
     lat_ms: Mutex<Vec<f64>>,
     ids: Mutex<Vec<String>>,
+    queued: Mutex<Vec<QueuedLine>>,
     refused: Mutex<BTreeMap<String, u64>>,
     deleted: AtomicU64,
 }
@@ -119,6 +141,7 @@ async fn create_load(client: Client, a: CreateLoadArgs) -> anyhow::Result<()> {
     let shared = Arc::new(Shared {
         lat_ms: Mutex::new(Vec::with_capacity(a.total as usize)),
         ids: Mutex::new(Vec::with_capacity(a.total as usize)),
+        queued: Mutex::new(Vec::new()),
         refused: Mutex::new(BTreeMap::new()),
         deleted: AtomicU64::new(0),
     });
@@ -148,19 +171,30 @@ async fn create_load(client: Client, a: CreateLoadArgs) -> anyhow::Result<()> {
             .await
             .context("semaphore closed")?;
         let idempotency_key = a.idempotency_prefix.as_ref().map(|p| format!("{p}-{i}"));
-        let (client, shared, delete, base) =
-            (client.clone(), shared.clone(), a.delete, base.clone());
+        let (client, shared, delete, base, wait_s) =
+            (client.clone(), shared.clone(), a.delete, base.clone(), a.wait_s);
         tasks.spawn(async move {
             let _permit = permit;
             let t = Instant::now();
+            let keyed = idempotency_key.map(|k| {
+                let mut req = (*base).clone();
+                req.idempotency_key = Some(k);
+                req
+            });
+            let req = keyed.as_ref().unwrap_or(&base);
             // The shared body unless each create carries its own idempotency key.
-            let r = match idempotency_key {
-                Some(k) => {
-                    let mut req = (*base).clone();
-                    req.idempotency_key = Some(k);
-                    client.create(&req).await
-                }
-                None => client.create(&base).await,
+            let r = match wait_s {
+                Some(w) => client.create_waiting(req, w).await.map(|q| {
+                    if let (Some(report), Ok(mut l)) = (q.queue, shared.queued.lock()) {
+                        l.push(QueuedLine {
+                            id: q.info.id.clone(),
+                            sent: i,
+                            queue: report,
+                        });
+                    }
+                    q.info
+                }),
+                None => client.create(req).await,
             };
             match r {
                 Ok(sb) => {
@@ -204,6 +238,21 @@ async fn create_load(client: Client, a: CreateLoadArgs) -> anyhow::Result<()> {
         std::fs::write(p, ids.join("\n")).with_context(|| format!("write {}", p.display()))?;
     }
     let refused = shared.refused.lock().map(|m| m.clone()).unwrap_or_default();
+    let queued = shared
+        .queued
+        .lock()
+        .map(|mut l| std::mem::take(&mut *l))
+        .unwrap_or_default();
+    let mut waits: Vec<f64> = queued.iter().map(|q| q.queue.waited_ms).collect();
+    waits.sort_by(|a, b| a.partial_cmp(b).unwrap_or(std::cmp::Ordering::Equal));
+    if let Some(p) = &a.queue_out {
+        let mut out = String::new();
+        for q in &queued {
+            out.push_str(&serde_json::to_string(q)?);
+            out.push('\n');
+        }
+        std::fs::write(p, out).with_context(|| format!("write {}", p.display()))?;
+    }
     let s = LoadSummary {
         offered_rate: a.rate,
         sent: a.total,
@@ -219,6 +268,8 @@ async fn create_load(client: Client, a: CreateLoadArgs) -> anyhow::Result<()> {
         create_p99_ms: pct(&lat, 0.99),
         create_max_ms: lat.last().copied().unwrap_or(0.0),
         per_node,
+        queue_wait_p50_ms: a.wait_s.map(|_| pct(&waits, 0.5)),
+        queue_wait_p99_ms: a.wait_s.map(|_| pct(&waits, 0.99)),
     };
     super::print_json(&s)
 }

@@ -6,6 +6,7 @@ pub mod exec;
 pub mod fn_;
 pub mod image;
 pub mod key;
+pub mod node;
 pub mod nodes;
 pub mod pause;
 pub mod port;

@@ -43,6 +43,10 @@ pub struct RunArgs {
     /// Labels (repeatable).
     #[arg(long = "label", short = 'l', value_name = "K=V", value_parser = parse_kv)]
     pub labels: Vec<(String, String)>,
+    /// Wait up to this many seconds in the apiserver's queue for a node with room instead of
+    /// being refused with node_full.
+    #[arg(long)]
+    pub wait_s: Option<f64>,
     /// Print the whole sandbox as JSON instead of its id.
     #[arg(long)]
     pub json: bool,
@@ -67,6 +71,18 @@ pub async fn run(c: &Client, a: RunArgs) -> anyhow::Result<()> {
         labels: a.labels.into_iter().collect::<BTreeMap<_, _>>(),
         ..Default::default()
     };
+    if let Some(w) = a.wait_s {
+        let q = c
+            .create_waiting(&req, w)
+            .await
+            .with_context(|| format!("create a sandbox from {} (waiting up to {w} s)", a.image))?;
+        if a.json {
+            super::print_json(&q)?;
+        } else {
+            println!("{}", q.info.id);
+        }
+        return Ok(());
+    }
     let info = c
         .create(&req)
         .await

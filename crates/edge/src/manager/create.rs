@@ -14,6 +14,7 @@ use crate::config::EdgeConfig;
 use crate::error::EdgeError;
 use crate::records::{self, SandboxRecord};
 
+use super::admission_queue::Admit;
 use super::rollback::Rollback;
 use super::{
     lock, now_ms, now_rfc3339, remove_dir, validate_create, End, Entry, Manager, Validated,
@@ -39,7 +40,12 @@ impl Manager {
         let v = validate_create(&self.cfg, &self.substrates, &req)?;
         crate::ports::validate_public_ports(&req.public_ports)?;
         let id = make_sandbox_id(&self.cfg.node_id, rand::random());
-        if let Some(existing) = self.admit(&id, &v, req.idempotency_key.as_deref())? {
+        // Waits (bounded) while only sandboxes still starting stand in the way (issue 22).
+        let bound = super::admission_queue::wait_bound(req.wait_s);
+        if let Some(existing) = self
+            .admit_or_wait(&id, &v, req.idempotency_key.as_deref(), bound)
+            .await?
+        {
             return Ok(existing);
         }
         // Everything the create builds from here on is undone, in reverse order, unless it
@@ -142,7 +148,7 @@ impl Manager {
         id: &str,
         v: &Validated,
         key: Option<&str>,
-    ) -> Result<Option<SandboxInfo>, EdgeError> {
+    ) -> Result<Option<SandboxInfo>, Admit> {
         let mut st = lock(&self.state);
         if let Some(k) = key {
             if let Some(existing) = st.idempotency.get(k) {
@@ -156,15 +162,17 @@ impl Manager {
             if st.creating.values().any(|c| c.as_deref() == Some(k)) {
                 return Err(EdgeError::Conflict(format!(
                     "a create with idempotency_key {k:?} is in progress; retry in a moment to get its sandbox"
-                )));
+                ))
+                .into());
             }
         }
         let node = &self.cfg.node_id;
         if st.count >= self.cfg.capacity {
             return Err(EdgeError::NodeFull(format!(
-                "node {node} is full: {} of {} sandboxes in use",
+                "node {node} is full: {} of {} sandboxes in use; stop sandboxes or use another node",
                 st.count, self.cfg.capacity
-            )));
+            ))
+            .into());
         }
         // Memory and CPU: overcommit by measured usage with a latency-sensitive floor.
         self.qos
@@ -176,10 +184,16 @@ impl Manager {
                 v.cpu,
             )
             .map_err(|r| {
-                EdgeError::NodeFull(format!(
+                let transient = r.transient;
+                let e = EdgeError::NodeFull(format!(
                     "node {node} is full for a {:?} sandbox: {r}",
                     v.qos
-                ))
+                ));
+                if transient {
+                    Admit::Wait(e)
+                } else {
+                    Admit::Refused(e)
+                }
             })?;
         st.count += 1;
         st.memory_mb += v.memory_mb;

@@ -70,10 +70,27 @@ impl Manager {
             .ok()
             .and_then(|l| l.last_completed_step);
         let request = serde_json::to_value(&req).unwrap_or_default();
-        let made = self
+        let made = match self
             .pack_diff(id, crate::snapshot::pack_request(&name))
             .await
-            .map(|image| crate::snapshot::info(id, &self.cfg.node_id, step, image, started));
+        {
+            Ok(image) => {
+                let shared = self.images.shares_blobs();
+                // Published so that any edge sharing the blob store can start from it; a
+                // snapshot that cannot be is removed (no half-made snapshot).
+                let published = if shared {
+                    self.images.publish(&image.name).await.inspect_err(|_| {
+                        let _ = self.images.remove(&image.name);
+                    })
+                } else {
+                    Ok(())
+                };
+                published.map_err(EdgeError::Image).map(|()| {
+                    crate::snapshot::info(id, &self.cfg.node_id, step, image, started, shared)
+                })
+            }
+            Err(e) => Err(e),
+        };
         let result = made.as_ref().map(
             |s| serde_json::json!({ "id": s.id, "step": s.step, "snapshot_ms": s.snapshot_ms }),
         );

@@ -15,6 +15,7 @@
 //! rules), [`images`] (image store and pack_diff), [`policies`] (what the TTL reaper and the
 //! node's policies see). This file holds the manager, its per-sandbox entry and the lookups.
 
+mod admission_queue;
 mod agent;
 mod create;
 mod images;
@@ -403,6 +404,7 @@ impl Manager {
             labels: self.cfg.labels.clone(),
             capabilities: Some(self.qos.caps().to_wire()),
             admission: Some(self.qos.status(&self.cfg.capacity())),
+            membership: None,
         }
     }
 }

@@ -94,6 +94,15 @@ impl dsec_node::SandboxView for Manager {
         })
     }
 
+    fn stop_for_pressure<'a>(&'a self, id: &'a str, reason: &'a str) -> dsec_node::BoxFut<'a, ()> {
+        Box::pin(Manager::stop_because(
+            self,
+            id,
+            EndReason::MemoryPressure,
+            reason.to_string(),
+        ))
+    }
+
     fn note(
         &self,
         id: &str,

@@ -412,6 +412,7 @@ impl ImageStore {
                     meta_bytes: b.meta_bytes,
                     blob_bytes: b.blob_bytes,
                     blob_sample: b.blob_sample.clone(),
+                    foreign: false,
                 });
                 built.push(b);
             }
@@ -444,13 +445,18 @@ impl ImageStore {
                 None => st.index.images.remove(name),
             };
             for l in &rec.layers {
-                let _ = self.inner.delete_layer_locked(&mut st, &l.digest);
+                let _ = self
+                    .inner
+                    .delete_layer_locked(&mut st, &l.digest, l.foreign);
             }
             return Err(e);
         }
         if let Some(old) = old {
             for l in &old.layers {
-                if let Err(e) = self.inner.delete_layer_locked(&mut st, &l.digest) {
+                if let Err(e) = self
+                    .inner
+                    .delete_layer_locked(&mut st, &l.digest, l.foreign)
+                {
                     tracing::warn!(digest = %l.digest, error = %e, "delete replaced layer");
                 }
             }

@@ -148,6 +148,12 @@ impl ImageStore {
         for t in toolkits {
             names.push(name::canonical(t)?);
         }
+        // An image another node published in the shared blob store is registered here first.
+        for n in &names {
+            if self.inner.shared && !self.inner.lock().index.images.contains_key(n) {
+                self.adopt_published(n).await?;
+            }
+        }
         let (digests, locks) = {
             let mut st = self.inner.lock();
             let mut all: Vec<String> = Vec::new();

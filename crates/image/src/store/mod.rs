@@ -10,6 +10,7 @@
 mod ingest;
 mod lease;
 mod mounts;
+mod publish;
 mod remove;
 mod verify;
 
@@ -41,6 +42,8 @@ pub struct ImageStore {
 struct Inner {
     root: PathBuf,
     blobs: Box<dyn BlobStore>,
+    /// The blob store is not the default node-private directory (other nodes may share it).
+    shared: bool,
     state: Mutex<State>,
     grace_ms: AtomicU64,
     busybox_lock: tokio::sync::Mutex<()>,
@@ -77,6 +80,8 @@ struct State {
     leases: HashMap<String, u64>,
     /// Layer digest → mount state. Entries exist while a layer is referenced or mounted.
     layers: HashMap<String, Layer>,
+    /// Foreign layers (see `publish`) whose image went while they were in use.
+    foreign: std::collections::HashSet<String>,
 }
 
 struct Layer {
@@ -211,10 +216,12 @@ impl ImageStore {
             inner: Arc::new(Inner {
                 root,
                 blobs,
+                shared: !matches!(blob_store, "" | "local"),
                 state: Mutex::new(State {
                     index,
                     leases: HashMap::new(),
                     layers: HashMap::new(),
+                    foreign: Default::default(),
                 }),
                 grace_ms: AtomicU64::new(DEFAULT_UNMOUNT_GRACE.as_millis() as u64),
                 busybox_lock: tokio::sync::Mutex::new(()),

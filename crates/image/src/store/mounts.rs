@@ -19,7 +19,8 @@ impl Inner {
         self.unmount_layer_locked(&mut st, digest)?;
         if !st.index.references(digest, None) {
             // The image using it was replaced or removed while the layer was in use.
-            self.delete_layer_locked(&mut st, digest)?;
+            let foreign = st.foreign.contains(digest);
+            self.delete_layer_locked(&mut st, digest, foreign)?;
         } else {
             st.layers.remove(digest);
         }

@@ -71,13 +71,55 @@ pub struct Snapshot {
     pub reserved: Amount,
 }
 
-/// Why a request was refused: which resource, which rule, the figures.
+/// Why a request was refused: which resource, which rule, the figures, and what to change.
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
-#[error("{resource}: {rule}: {detail}")]
+#[error("{resource}: {rule}: {detail}; {advice}")]
 pub struct Refusal {
     pub resource: &'static str,
     pub rule: &'static str,
     pub detail: String,
+    /// What the caller can change (ask for less, another class, wait).
+    pub advice: String,
+    /// Only starting (or not yet measured) sandboxes stand in the way: the request fits once
+    /// they settle, so the edge waits instead of refusing ([`Snapshot::settled`]).
+    pub transient: bool,
+}
+
+impl Snapshot {
+    /// The snapshot once every starting sandbox is running and measured idle: no start
+    /// reservations. (Optimistic: a refusal that still holds then is a real lack of room.)
+    pub fn settled(&self, unmeasured: Amount) -> Snapshot {
+        Snapshot {
+            used: Amount::new(
+                (self.used.memory_mb - unmeasured.memory_mb).max(0.0),
+                (self.used.cpu - unmeasured.cpu).max(0.0),
+            ),
+            reserved: Amount::default(),
+            ..*self
+        }
+    }
+}
+
+/// What the caller can change when `rule` refuses `resource` (`left`: what still fits).
+fn advice(rule: &str, resource: &str, left: f64) -> String {
+    let overcommit = rule.starts_with("overcommit");
+    let floor = rule.starts_with("latency");
+    match (resource, overcommit, floor) {
+        ("cpu", true, _) => format!(
+            "ask for fewer cores: cpu_cores_limit={:.2} or less fits (an idle sandbox needs far less than the default 1 core), or raise the node's cpu_overcommit",
+            left.max(0.0)
+        ),
+        ("memory", true, _) => format!(
+            "ask for less memory: memory_limit_mb={:.0} or less fits, or raise the node's memory_overcommit",
+            left.max(0.0).floor()
+        ),
+        (_, _, true) => format!(
+            "ask for qos=\"best_effort\" (admitted by measured use), or less ({resource}: {:.2} fits), or raise qos.ls_{resource}_ratio",
+            left.max(0.0)
+        ),
+        ("cpu", _, _) => "best-effort sandboxes on this node are busy using its CPU: wait for capacity (wait_s) or use another node, or raise qos.cpu_usage_limit".into(),
+        _ => "this node's memory is really in use: wait for capacity (wait_s), stop or pause sandboxes, or use another node".into(),
+    }
 }
 
 fn reservation(p: &Policy, req: Amount) -> Amount {
@@ -145,6 +187,8 @@ pub fn check(class: QosClass, req: Amount, p: &Policy, s: &Snapshot) -> Result<(
                     need.memory_mb,
                     h.room.memory_mb.max(0.0)
                 ),
+                advice: advice(h.rule, "memory", h.room.memory_mb),
+                transient: false,
             });
         }
         if need.cpu > h.room.cpu + EPS {
@@ -156,6 +200,8 @@ pub fn check(class: QosClass, req: Amount, p: &Policy, s: &Snapshot) -> Result<(
                     need.cpu,
                     h.room.cpu.max(0.0)
                 ),
+                advice: advice(h.rule, "cpu", h.room.cpu),
+                transient: false,
             });
         }
     }
@@ -327,6 +373,35 @@ mod tests {
         assert_eq!(e.resource, "cpu");
         check(LS, Amount::new(64.0, 1.0), &p, &s).unwrap();
         assert!((free(BE, &p, &s).cpu - 0.05).abs() < 1e-9);
+    }
+
+    #[test]
+    fn refusals_say_what_to_ask_for_and_settled_books_admit_a_burst() {
+        let p = policy();
+        // 50 cores of 1-core requests on 2 cores x 25: the 51st is refused with a request
+        // that fits named.
+        let full = Snapshot {
+            committed_be: Amount::new(1000.0, 49.5),
+            ..Default::default()
+        };
+        let e = check(BE, Amount::new(64.0, 1.0), &p, &full).unwrap_err();
+        assert!(e.to_string().contains("cpu_cores_limit=0.50 or less fits"), "{e}");
+        // 20 starting best-effort sandboxes hold 2 cores of reservations: the 21st waits
+        // (the refusal is transient: settled, the same request fits).
+        let starting = Snapshot {
+            committed_be: Amount::new(20.0 * 64.0, 2.0),
+            reserved: Amount::new(20.0 * 64.0, 2.0),
+            ..Default::default()
+        };
+        let e = check(BE, Amount::new(64.0, 0.1), &p, &starting).unwrap_err();
+        assert_eq!(e.resource, "cpu");
+        check(BE, Amount::new(64.0, 0.1), &p, &starting.settled(Amount::default())).unwrap();
+        // Measured, really busy CPU stays a refusal when settled.
+        let busy = Snapshot {
+            used: Amount::new(0.0, 1.95),
+            ..Default::default()
+        };
+        assert!(check(BE, Amount::new(64.0, 0.1), &p, &busy.settled(Amount::default())).is_err());
     }
 
     #[test]

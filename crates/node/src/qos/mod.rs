@@ -137,13 +137,28 @@ struct Booked {
     used: Option<Amount>,
     /// Last CPU counter (ns) and when it was read.
     cpu_mark: Option<(u64, Instant)>,
+    /// When it started running (its first CPU rate is taken since then).
+    started_at: Option<Instant>,
 }
+
+/// Time constant of the CPU use admission reads: a measured rate is smoothed over about this
+/// long, so a momentary burst of a sandbox does not refuse best-effort creates.
+pub const CPU_SMOOTHING: Duration = Duration::from_secs(5);
+
+/// Shortest time between two samples asked for by waiting creates ([`Qos::sample_soon`]).
+pub const SAMPLE_SOON_MIN: Duration = Duration::from_millis(250);
 
 /// The node's QoS state: capabilities and the admission books (one per manager).
 pub struct Qos {
     cfg: QosConfig,
     caps: Caps,
     books: Mutex<HashMap<String, Booked>>,
+    /// Woken when admission room may have freed (a start finished, a sandbox left, a sample).
+    freed: tokio::sync::Notify,
+    /// Woken when a create waits for starting sandboxes to be measured.
+    sample_soon: tokio::sync::Notify,
+    /// Creates waiting for admission on this node now (the edge bounds it).
+    pub waiting: std::sync::atomic::AtomicUsize,
 }
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
@@ -163,6 +178,9 @@ impl Qos {
             cfg: cfg.clone(),
             caps,
             books: Mutex::new(HashMap::new()),
+            freed: tokio::sync::Notify::new(),
+            sample_soon: tokio::sync::Notify::new(),
+            waiting: std::sync::atomic::AtomicUsize::new(0),
         }
     }
 
@@ -201,7 +219,14 @@ impl Qos {
     }
 
     fn snapshot_of(&self, books: &HashMap<String, Booked>) -> Snapshot {
+        self.snapshot_parts(books).0
+    }
+
+    /// The snapshot and how much of its `used` is running sandboxes not measured yet (counted
+    /// by their reservation).
+    fn snapshot_parts(&self, books: &HashMap<String, Booked>) -> (Snapshot, Amount) {
         let res = self.policy_reservation();
+        let mut unmeasured = Amount::default();
         let mut s = Snapshot::default();
         for b in books.values() {
             match b.class {
@@ -215,17 +240,21 @@ impl Qos {
             }
             // Not measured yet: its reservation (a sandbox without a cgroup to measure, a
             // microVM, is set to its request by `sample`).
-            let used = b.used.unwrap_or(Amount::new(
-                b.req.memory_mb.min(res.memory_mb),
-                b.req.cpu.min(res.cpu),
-            ));
+            let used = b.used.unwrap_or_else(|| {
+                let r = Amount::new(b.req.memory_mb.min(res.memory_mb), b.req.cpu.min(res.cpu));
+                unmeasured.cpu += r.cpu;
+                if b.class == QosClass::BestEffort {
+                    unmeasured.memory_mb += r.memory_mb;
+                }
+                r
+            });
             // LS memory counts by its request (the floor); BE by its working set.
             if b.class == QosClass::BestEffort {
                 s.used.memory_mb += used.memory_mb;
             }
             s.used.cpu += used.cpu;
         }
-        s
+        (s, unmeasured)
     }
 
     fn policy_reservation(&self) -> Amount {
@@ -251,7 +280,14 @@ impl Qos {
     ) -> Result<(), Refusal> {
         let mut books = lock(&self.books);
         let req = Amount::new(memory_mb as f64, cpu);
-        admission::check(class, req, &self.policy(node), &self.snapshot_of(&books))?;
+        let policy = self.policy(node);
+        let (snap, unmeasured) = self.snapshot_parts(&books);
+        admission::check(class, req, &policy, &snap).map_err(|mut r| {
+            // Only starting or unmeasured sandboxes in the way: it fits once they settle.
+            r.transient =
+                admission::check(class, req, &policy, &snap.settled(unmeasured)).is_ok();
+            r
+        })?;
         books.insert(
             id.to_string(),
             Booked {
@@ -260,6 +296,7 @@ impl Qos {
                 starting: true,
                 used: None,
                 cpu_mark: None,
+                started_at: None,
             },
         );
         Ok(())
@@ -269,7 +306,23 @@ impl Qos {
     pub fn started(&self, id: &str) {
         if let Some(b) = lock(&self.books).get_mut(id) {
             b.starting = false;
+            b.started_at = Some(Instant::now());
         }
+        self.freed.notify_waiters();
+        self.sample_soon.notify_one();
+    }
+
+    /// Resolves when admission room may have freed (a start finished, a sandbox left, usage
+    /// was measured). Waiting creates re-check after it (and after a short timeout: a wake-up
+    /// between their check and this call is not kept).
+    pub fn freed(&self) -> tokio::sync::futures::Notified<'_> {
+        self.freed.notified()
+    }
+
+    /// Asks the sampler to measure soon (at most every [`SAMPLE_SOON_MIN`]): a create waits
+    /// for running sandboxes that still count by their start reservation.
+    pub fn sample_soon(&self) {
+        self.sample_soon.notify_one();
     }
 
     /// A re-adopted sandbox (edge restart).
@@ -282,6 +335,7 @@ impl Qos {
                 starting: false,
                 used: None,
                 cpu_mark: None,
+                started_at: None,
             },
         );
     }
@@ -289,11 +343,22 @@ impl Qos {
     /// The sandbox is gone (or its create failed).
     pub fn release(&self, id: &str) {
         lock(&self.books).remove(id);
+        self.freed.notify_waiters();
     }
 
-    /// Admission figures for the node status.
+    /// Admission figures for the node status. The free figures (what placement reads) are
+    /// those once the sandboxes starting now are running and measured: a create that fits
+    /// then waits at the edge for them instead of being refused ([`Refusal::transient`]).
     pub fn status(&self, node: &Capacity) -> AdmissionStatus {
-        admission::status(&self.policy(node), &self.snapshot())
+        let policy = self.policy(node);
+        let (snap, unmeasured) = self.snapshot_parts(&lock(&self.books));
+        let mut st = admission::status(&policy, &snap);
+        let settled = admission::status(&policy, &snap.settled(unmeasured));
+        st.memory_mb_free_be = settled.memory_mb_free_be;
+        st.cpu_cores_free_be = settled.cpu_cores_free_be;
+        st.memory_mb_free_ls = settled.memory_mb_free_ls;
+        st.cpu_cores_free_ls = settled.cpu_cores_free_ls;
+        st
     }
 
     /// Measures every running sandbox's working set and CPU use (blocking file reads) from
@@ -336,16 +401,29 @@ impl Qos {
                 used.memory_mb = m as f64 / (1024.0 * 1024.0);
             }
             if let Some(ns) = cpu_ns {
-                if let Some((prev, t0)) = b.cpu_mark {
+                // The rate since the last sample, or since the start for the first one.
+                let since = b.cpu_mark.or(b.started_at.map(|t| (0, t)));
+                if let Some((prev, t0)) = since {
                     let dt = at.duration_since(t0).as_secs_f64();
                     if dt > 0.0 {
-                        used.cpu = ns.saturating_sub(prev) as f64 / 1e9 / dt;
+                        let rate = ns.saturating_sub(prev) as f64 / 1e9 / dt;
+                        // Smoothed (exponentially, over ~CPU_SMOOTHING) once there is a
+                        // measured figure to smooth.
+                        used.cpu = match (b.used, b.cpu_mark) {
+                            (Some(old), Some(_)) => {
+                                let a = 1.0 - (-dt / CPU_SMOOTHING.as_secs_f64()).exp();
+                                old.cpu + a * (rate - old.cpu)
+                            }
+                            _ => rate,
+                        };
                     }
                 }
                 b.cpu_mark = Some((ns, at));
             }
             b.used = Some(used);
         }
+        drop(books);
+        self.freed.notify_waiters();
     }
 }
 
@@ -355,8 +433,19 @@ pub fn spawn_sampler(view: Weak<dyn SandboxView>, qos: Arc<Qos>) -> tokio::task:
     tokio::spawn(async move {
         let mut tick = tokio::time::interval(every);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let mut last = Instant::now();
         loop {
-            tick.tick().await;
+            tokio::select! {
+                _ = tick.tick() => {}
+                // A create waits for starting sandboxes to be measured: sample sooner.
+                _ = qos.sample_soon.notified() => {
+                    let next = last + SAMPLE_SOON_MIN;
+                    if Instant::now() < next {
+                        tokio::time::sleep_until(next.into()).await;
+                    }
+                }
+            }
+            last = Instant::now();
             let Some(v) = view.upgrade() else { return };
             let q = qos.clone();
             let _ = tokio::task::spawn_blocking(move || q.sample(&v.sandboxes())).await;

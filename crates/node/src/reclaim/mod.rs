@@ -63,6 +63,10 @@ pub struct ReclaimConfig {
     pub pressure_psi_some_avg10: f64,
     /// Pause best-effort sandboxes when reclaim does not end the pressure.
     pub pause_on_pressure: bool,
+    /// End best-effort sandboxes (end reason `memory_pressure`, the largest paused one first)
+    /// when the pressure outlasts pausing every running one: paused memory that cannot be
+    /// swapped out (no zram tier, or a full one) still fills the node. Off by default.
+    pub stop_on_pressure: bool,
 }
 
 impl Default for ReclaimConfig {
@@ -80,6 +84,7 @@ impl Default for ReclaimConfig {
             pressure_high_ratio: 0.9,
             pressure_psi_some_avg10: 0.0,
             pause_on_pressure: true,
+            stop_on_pressure: false,
         }
     }
 }
@@ -119,6 +124,15 @@ impl ReclaimConfig {
         }
         Ok(())
     }
+}
+
+/// What a round asks of the edge besides reclaim.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum PressureAction {
+    /// Pause this sandbox (id, why).
+    Pause(String, String),
+    /// End this sandbox with end reason `memory_pressure` (id, why).
+    Stop(String, String),
 }
 
 /// One sandbox the policy may act on: running or paused, with a memory cgroup.
@@ -370,14 +384,22 @@ impl Reclaim {
             me.round(&*v, sandboxes)
         })
         .await;
-        let pause = match pause {
+        let action = match pause {
             Ok(p) => p,
             Err(e) => {
                 tracing::error!(error = %e, "reclaim round");
                 return;
             }
         };
-        if let Some((id, reason)) = pause {
+        if let Some(PressureAction::Stop(id, reason)) = &action {
+            tracing::warn!(sandbox = %id, %reason, "memory pressure: ending best-effort sandbox");
+            view.stop_for_pressure(id, reason).await;
+            self.metrics
+                .memory_pressure_actions
+                .with_label_values(&["stop"])
+                .inc();
+        }
+        if let Some(PressureAction::Pause(id, reason)) = action {
             tracing::warn!(sandbox = %id, %reason, "memory pressure: pausing best-effort sandbox");
             match view.pause_for_pressure(&id, &reason).await {
                 Ok(()) => self
@@ -390,8 +412,8 @@ impl Reclaim {
         }
     }
 
-    /// The blocking part of a round; returns a sandbox to pause and why.
-    fn round(&self, view: &dyn SandboxView, views: Vec<ReclaimView>) -> Option<(String, String)> {
+    /// The blocking part of a round; returns a sandbox to pause or end, and why.
+    fn round(&self, view: &dyn SandboxView, views: Vec<ReclaimView>) -> Option<PressureAction> {
         let now = now_ms();
         let mut inner = lock(&self.inner);
         // Forget sandboxes that are gone.
@@ -536,16 +558,30 @@ impl Reclaim {
             return None;
         }
         // The largest running best-effort sandbox.
-        be.iter()
-            .filter(|v| v.state == SandboxState::Running)
-            .map(|v| (v.cgroup.memory_stat().usage, v))
-            .max_by_key(|(u, _)| *u)
-            .map(|(_, v)| {
-                (
-                    v.id.clone(),
-                    format!("{reason}; reclaim did not relieve it"),
-                )
-            })
+        let largest = |state: SandboxState| {
+            be.iter()
+                .filter(|v| v.state == state)
+                .map(|v| (v.cgroup.memory_stat().usage, v))
+                .max_by_key(|(u, _)| *u)
+                .map(|(_, v)| v.id.clone())
+        };
+        if let Some(id) = largest(SandboxState::Running) {
+            return Some(PressureAction::Pause(
+                id,
+                format!("{reason}; reclaim did not relieve it"),
+            ));
+        }
+        // Nothing left to pause: once the pause has had its ticks, end the largest paused one.
+        if !self.cfg.stop_on_pressure || inner.episode.ticks() < pressure::STOP_AFTER_TICKS {
+            return None;
+        }
+        let id = largest(SandboxState::Paused)?;
+        // A new episode: the next stop waits until this one's memory is given back.
+        inner.episode = pressure::Episode::default();
+        Some(PressureAction::Stop(
+            id,
+            format!("{reason}; reclaim and pausing every best-effort sandbox did not relieve it"),
+        ))
     }
 
     /// Warns once when the zram device holds 95% of its `disksize` (uncompressed): nothing

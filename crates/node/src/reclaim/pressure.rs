@@ -8,8 +8,11 @@
 //!
 //! Escalation within one pressure episode ([`Episode`]): the first tick reclaims every
 //! best-effort sandbox (paused ones first); each later tick still under pressure reclaims again
-//! and pauses the largest running best-effort sandbox. Latency-sensitive sandboxes are never
-//! touched. The episode ends at the first tick without pressure.
+//! and pauses the largest running best-effort sandbox; with `stop_on_pressure`, from the
+//! [`STOP_AFTER_TICKS`]th tick on, when no running best-effort sandbox is left to pause, it ends
+//! the largest paused one (end reason `memory_pressure`) and starts a new episode.
+//! Latency-sensitive sandboxes are never touched. The episode ends at the first tick without
+//! pressure.
 
 /// Parsed PSI line pair (`some` / `full` avg10).
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -90,6 +93,10 @@ pub enum Step {
     ReclaimAndPause,
 }
 
+/// Ticks of one episode before a paused sandbox may be ended (`stop_on_pressure`): the
+/// pauses and reclaim of the ticks before have had their chance.
+pub const STOP_AFTER_TICKS: u32 = 4;
+
 /// One pressure episode's progress.
 #[derive(Debug, Default, Clone)]
 pub struct Episode {
@@ -109,6 +116,11 @@ impl Episode {
         } else {
             Step::ReclaimAndPause
         })
+    }
+
+    /// Ticks under pressure so far in this episode.
+    pub fn ticks(&self) -> u32 {
+        self.ticks
     }
 
     pub fn active(&self) -> bool {
@@ -166,6 +178,8 @@ mod tests {
         assert_eq!(e.tick(true), Some(Step::Reclaim));
         assert_eq!(e.tick(true), Some(Step::ReclaimAndPause));
         assert_eq!(e.tick(true), Some(Step::ReclaimAndPause));
+        assert_eq!(e.ticks(), 3);
+        assert!(e.ticks() < STOP_AFTER_TICKS, "a stop waits past the first pause");
         assert!(e.active());
         assert_eq!(e.tick(false), None);
         assert!(!e.active());

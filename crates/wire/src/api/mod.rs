@@ -53,11 +53,13 @@ mod exec;
 mod files;
 mod function;
 mod image;
+mod membership;
 mod metrics;
 mod network;
 mod node;
 mod ports;
 mod process;
+mod queue;
 mod snapshot;
 mod trajectory;
 mod watch;
@@ -68,11 +70,13 @@ pub use exec::*;
 pub use files::*;
 pub use function::*;
 pub use image::*;
+pub use membership::*;
 pub use metrics::*;
 pub use network::*;
 pub use node::*;
 pub use ports::*;
 pub use process::*;
+pub use queue::*;
 pub use snapshot::*;
 pub use trajectory::*;
 pub use watch::*;
@@ -174,6 +178,12 @@ pub struct CreateSandboxRequest {
     /// (`/v1/sandboxes/{id}/ports/{port}/...`); every other port needs one of them.
     #[serde(default)]
     pub public_ports: Vec<u16>,
+    /// Seconds the create may wait for capacity (in the apiserver's per-project fair queue,
+    /// then in the edge's admission queue) instead of being refused with `node_full`; past
+    /// it the refusal names the resource lacking. Unset: no apiserver queue, and the edge
+    /// waits only for its own starting sandboxes (up to its `admission_wait_ms`).
+    #[serde(default)]
+    pub wait_s: Option<f64>,
 }
 
 /// Quality-of-service class of a sandbox (DESIGN.md §7).

@@ -32,6 +32,9 @@ pub struct NodeStatus {
     /// Admission by measured usage (issue 10): what the node would still admit per class.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub admission: Option<AdmissionStatus>,
+    /// Membership (issue 22): state, pool, heartbeats; added by the apiserver.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub membership: Option<super::NodeMembership>,
 }
 
 /// One kernel feature: present or not, and what was seen (`EINVAL`, the file checked, ...).

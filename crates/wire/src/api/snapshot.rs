@@ -43,6 +43,10 @@ pub struct SnapshotInfo {
     pub image: ImageInfo,
     /// Wall time of the snapshot (freeze, pack, register, thaw), ms.
     pub snapshot_ms: f64,
+    /// Published in a blob store the nodes share (`posix:`, `s3:`): any node can start from it,
+    /// so a fork's children are placed across nodes. False: only `node` can.
+    #[serde(default)]
+    pub shared: bool,
 }
 
 /// Most children one fork makes.
