@@ -35,6 +35,7 @@ pub mod reconcile;
 pub mod revoke;
 pub mod routes;
 pub mod store;
+pub mod volumes;
 pub mod watcher;
 
 use std::net::SocketAddr;

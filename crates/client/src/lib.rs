@@ -19,6 +19,7 @@ pub mod functions;
 pub mod processes;
 
 mod ports;
+mod volumes;
 
 use std::path::Path;
 use std::pin::Pin;

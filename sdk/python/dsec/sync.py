@@ -24,6 +24,7 @@ from .errors import SandboxNotFound
 from .functions import SyncFunctionsMixin
 from .processes import SyncMetricsMixin, SyncProcessesMixin
 from .watch import SyncWatchMixin
+from .volumes import SyncVolumesMixin
 from .types import DSecContainerRunArgs, DSecVMRunArgs, FileInfo, ImageInfo, SandboxInfo, ShellResult, StreamEvent
 
 T = TypeVar("T")
@@ -68,7 +69,7 @@ class _LoopThread:
             self.loop.close()
 
 
-class DSecClient(SyncFunctionsMixin):
+class DSecClient(SyncFunctionsMixin, SyncVolumesMixin):
     """Synchronous dsec client (see :class:`dsec.DSecClient` for the arguments)."""
 
     def __init__(

@@ -70,6 +70,9 @@ class DSecContainerRunArgs:
     #: TCP ports reachable through the apiserver without the API key or a signed URL
     #: (``sandbox.get_url(port, public=True)``); other ports need one of them.
     public_ports: Optional[List[int]] = None
+    #: Volumes to mount: ``{"/data": "vol1"}`` (read-write) or
+    #: ``{"/data": {"name": "vol1", "read_only": True}}`` (see :meth:`dsec.DSecClient.create_volume`).
+    volumes: Optional[Dict[str, Any]] = None
 
     def to_json(self) -> Dict[str, Any]:
         """The JSON body of the create call (``container_image`` becomes ``image``)."""

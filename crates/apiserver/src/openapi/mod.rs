@@ -10,6 +10,7 @@
 mod paths;
 mod ports;
 mod processes;
+mod volumes;
 
 use std::sync::OnceLock;
 
@@ -118,6 +119,10 @@ pub const EDGE_PASS_THROUGH: &[(&str, &str)] = &[
         processes::rename_file,
         processes::watch_files,
         processes::sandbox_metrics,
+        volumes::create_volume,
+        volumes::list_volumes,
+        volumes::get_volume,
+        volumes::delete_volume,
     ),
     components(schemas(
         dsec_wire::api::EndReason,
@@ -140,6 +145,7 @@ pub const EDGE_PASS_THROUGH: &[(&str, &str)] = &[
         (name = "jobs", description = "Operations on every sandbox of a job (by labels)"),
         (name = "functions", description = "Function calls on pre-warmed workers"),
         (name = "ports", description = "Exposed ports: reach a server inside a sandbox"),
+        (name = "volumes", description = "Named persistent volumes of a project"),
         (name = "service", description = "Unauthenticated service routes"),
     )
 )]

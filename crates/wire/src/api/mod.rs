@@ -41,6 +41,7 @@
 //! | PUT | `/v1/images/{name}` | a tar stream (`content-type: application/x-tar`, gzip accepted) | 201 [`ImageInfo`] |
 //! | DELETE | `/v1/images/{name}` | | 204 |
 //! | GET | `/v1/nodes` | | [`NodeList`] |
+//! | POST, GET, DELETE | `/v1/volumes`, `/v1/volumes/{name}` | see [`VolumeInfo`] | |
 //! | GET | `/openapi.json`, `/healthz`, `/metrics` | | unauthenticated |
 //!
 //! The edge serves the same sandbox, image and node-status routes under `/edge/v1`
@@ -60,6 +61,7 @@ mod ports;
 mod process;
 mod snapshot;
 mod trajectory;
+mod volume;
 mod watch;
 
 pub use end_reason::*;
@@ -75,6 +77,7 @@ pub use ports::*;
 pub use process::*;
 pub use snapshot::*;
 pub use trajectory::*;
+pub use volume::*;
 pub use watch::*;
 
 use std::collections::BTreeMap;
@@ -174,6 +177,11 @@ pub struct CreateSandboxRequest {
     /// (`/v1/sandboxes/{id}/ports/{port}/...`); every other port needs one of them.
     #[serde(default)]
     pub public_ports: Vec<u16>,
+    /// Volumes to mount: sandbox path → volume name (read-write) or `{"name", "read_only"}`
+    /// (see [`VolumeMount`]). The apiserver resolves names in the sandbox's project and sends
+    /// the node's volume ids on.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub volumes: BTreeMap<String, VolumeMount>,
 }
 
 /// Quality-of-service class of a sandbox (DESIGN.md §7).
