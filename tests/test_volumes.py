@@ -258,3 +258,22 @@ def test_edge_crash_and_restart_keeps_adopted_mounts_and_drops_the_rest(node):
         h.stop()
     assert wait_until(lambda: released(node, "shared"), timeout=20)
     assert not volume_mounts(node.up)
+
+
+def test_cli_volume_create_ls_rm_and_run_with_a_volume(node):
+    up = node.up
+    assert up.cli("volume", "create", "cli-vol", "16").stdout.decode().strip() == "cli-vol"
+    ls = json.loads(up.cli("volume", "ls", "--json").stdout)
+    assert {"name": "cli-vol", "size_mb": 16}.items() <= next(v for v in ls if v["name"] == "cli-vol").items()
+    sid = up.cli("run", "busybox", "--volume", "/data=cli-vol:ro").stdout.decode().strip()
+    try:
+        h = node.client.attach(sid)
+        r = h.run_shell("touch /data/x 2>&1")
+        assert r.exit_code != 0 and "Read-only file system" in r.stdout + r.stderr, r
+        rm = up.cli("volume", "rm", "cli-vol", check=False)
+        assert rm.returncode != 0 and sid in rm.stderr.decode(), rm
+    finally:
+        up.cli("stop", sid)
+    assert wait_until(lambda: released(node, "cli-vol"), timeout=20)
+    up.cli("volume", "rm", "cli-vol")
+    assert "cli-vol" not in up.cli("volume", "ls").stdout.decode()
