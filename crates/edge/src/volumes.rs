@@ -229,10 +229,7 @@ impl Volumes {
         let used_bytes = (!used_by.is_empty() && is_mountpoint(&fs))
             .then(|| nix::sys::statvfs::statvfs(&fs).ok())
             .flatten()
-            .map(|s| {
-                (s.blocks() as u64).saturating_sub(s.blocks_free() as u64)
-                    * s.fragment_size() as u64
-            });
+            .map(|s| s.blocks().saturating_sub(s.blocks_free()) * s.fragment_size());
         Ok(EdgeVolumeInfo {
             id: id.to_string(),
             size_mb: meta.size_mb,
