@@ -88,6 +88,8 @@ pub async fn create_with(
         .project
         .clone()
         .unwrap_or_else(|| principal.project.clone());
+    // Volumes resolve in the sandbox's project and pin it to their node (node-local).
+    let volume_node = crate::volumes::resolve_mounts(st, principal, &project, &mut req).await?;
     let memory_mb = req.memory_limit_mb.unwrap_or(cfg.default_memory_mb);
     let cpu = req.cpu_cores_limit.unwrap_or(cfg.default_cpu_cores);
     if let Some(msg) = st
@@ -154,6 +156,21 @@ pub async fn create_with(
         let w = st.forwarder.watcher();
         plan.nodes
             .retain(|i| w.endpoint_at(*i).and_then(|(_, n)| n).as_deref() == Some(only));
+    }
+    if let Some(only) = &volume_node {
+        let w = st.forwarder.watcher();
+        plan.nodes
+            .retain(|i| w.endpoint_at(*i).and_then(|(_, n)| n).as_deref() == Some(only));
+        if plan.nodes.is_empty() {
+            st.ledger.release_reservation(&res_id);
+            st.metrics.placement_refusals.inc();
+            return Ok(error_response(
+                codes::NODE_FULL,
+                format!(
+                    "the sandbox mounts volumes kept on node {only}, which is unhealthy or has no room for it; retry later or see GET /v1/nodes"
+                ),
+            ));
+        }
     }
     if plan.nodes.is_empty() {
         st.ledger.release_reservation(&res_id);
