@@ -18,6 +18,9 @@
 
 pub mod connect;
 
+/// The well-known types the messages use (`Timestamp`), with their JSON mapping.
+pub use pbjson_types;
+
 /// The generated messages, one module per protobuf package.
 pub mod pb {
     /// `process.proto`: the `process.Process` service's messages.
