@@ -7,7 +7,7 @@
 use std::io::Write;
 
 use axum::body::Body;
-use axum::extract::{FromRequest, Multipart, Request};
+use axum::extract::Request;
 use axum::http::{header, HeaderMap, HeaderValue, Method, StatusCode};
 use axum::response::{IntoResponse, Response};
 use bytes::Bytes;
@@ -265,8 +265,8 @@ pub async fn upload(ctx: Ctx<'_>, req: Request) -> Response {
         .get(header::CONTENT_TYPE)
         .and_then(|v| v.to_str().ok())
         .unwrap_or("")
-        .to_ascii_lowercase();
-    if !ct.starts_with("multipart/form-data") {
+        .to_string();
+    if !ct.to_ascii_lowercase().starts_with("multipart/form-data") {
         // One file, the body is its content.
         let Some(p) = query.path.as_deref() else {
             return http_error(
@@ -293,10 +293,11 @@ pub async fn upload(ctx: Ctx<'_>, req: Request) -> Response {
             Err(e) => from_connect(&e),
         };
     }
-    let mut mp = match Multipart::from_request(req, &()).await {
-        Ok(m) => m,
+    let boundary = match multer::parse_boundary(&ct) {
+        Ok(b) => b,
         Err(e) => return http_error(StatusCode::BAD_REQUEST, &format!("multipart body: {e}")),
     };
+    let mut mp = multer::Multipart::new(req.into_body().into_data_stream(), boundary);
     let mut written = Vec::new();
     let mut fields = 0usize;
     loop {
