@@ -324,7 +324,8 @@ pub async fn upload(ctx: Ctx<'_>, req: Request) -> Response {
             Err(e) => return from_connect(&e),
         };
         let (mut tx, rx) = futures::channel::mpsc::channel::<Result<Bytes, std::io::Error>>(8);
-        let pump = async {
+        // Owns the sender: the upload's body ends when the part does.
+        let pump = async move {
             loop {
                 match field.chunk().await {
                     Ok(Some(c)) => {
@@ -342,13 +343,7 @@ pub async fn upload(ctx: Ctx<'_>, req: Request) -> Response {
             }
         };
         let send = write_one(&native, &user, &path, Body::from_stream(rx));
-        let (pumped, sent) = tokio::join!(
-            async move {
-                let r = pump.await;
-                r
-            },
-            send
-        );
+        let (pumped, sent) = tokio::join!(pump, send);
         if let Err(m) = pumped {
             return http_error(StatusCode::BAD_REQUEST, &m);
         }
