@@ -212,6 +212,8 @@ pub fn router(state: AppState) -> Router {
         .merge(v1)
         .merge(public_routes().router)
         .merge(crate::ports::router())
+        // E2B-compatible API (issue 19).
+        .merge(crate::compat::e2b::router(state.clone()))
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
         .layer(middleware::from_fn_with_state(
