@@ -47,12 +47,12 @@ pub async fn create_queued(
         .clone()
         .unwrap_or_else(|| principal.project.clone());
     let queue = st.queue.clone();
-    let ticket = queue.ticket(&project);
+    let mut ticket: Option<u64> = None;
     let shape = std::sync::Arc::new(req.clone());
     let mut attempts = 0u32;
     let mut last_refusal: Option<String> = None;
     loop {
-        let turn = queue.wait_turn(&project, ticket, &shape, deadline, attempts > 0);
+        let turn = queue.wait_turn(&project, ticket, &shape, deadline);
         let turn = match cancel.as_mut() {
             Some(c) => tokio::select! {
                 t = turn => t,
@@ -72,6 +72,7 @@ pub async fn create_queued(
             }
         };
         attempts += 1;
+        ticket = Some(slot.ticket);
         let waited = arrived.elapsed();
         let resp = match create_with(st, principal, req.clone(), extras.clone()).await {
             Ok(r) => r,
@@ -81,12 +82,12 @@ pub async fn create_queued(
             }
         };
         if resp.status().is_success() {
-            let dispatched = slot.dispatched;
+            let (dispatched, slot_ticket) = (slot.dispatched, slot.ticket);
             slot.placed();
             observe(st, "placed", arrived);
             let report = QueueReport {
                 waited_ms: waited.as_secs_f64() * 1e3,
-                ticket,
+                ticket: slot_ticket,
                 dispatched,
                 attempts,
             };
