@@ -68,7 +68,15 @@ pub async fn create_queued(
                         .watcher()
                         .with(|nodes| super::room::why_no_room(nodes, &req))
                 });
-                return Some(Ok(refused(st, &req, wait, arrived, attempts, &e.to_string(), &why)));
+                return Some(Ok(refused(
+                    st,
+                    &req,
+                    wait,
+                    arrived,
+                    attempts,
+                    &e.to_string(),
+                    &why,
+                )));
             }
         };
         attempts += 1;
@@ -110,14 +118,25 @@ pub async fn create_queued(
         if !no_room {
             drop(slot);
             observe(st, "error", arrived);
-            return Some(Ok(Response::from_parts(parts, axum::body::Body::from(bytes))));
+            return Some(Ok(Response::from_parts(
+                parts,
+                axum::body::Body::from(bytes),
+            )));
         }
         let why = err.map(|e| e.error.message).unwrap_or_default();
         slot.no_room(&why);
         last_refusal = Some(why);
         if Instant::now() >= deadline {
             let why = last_refusal.unwrap_or_default();
-            return Some(Ok(refused(st, &req, wait, arrived, attempts, "wait_s passed", &why)));
+            return Some(Ok(refused(
+                st,
+                &req,
+                wait,
+                arrived,
+                attempts,
+                "wait_s passed",
+                &why,
+            )));
         }
     }
 }
@@ -143,8 +162,7 @@ fn refused(
     st.metrics.placement_refusals.inc();
     let asked = format!(
         "{} MiB, {} cores",
-        req.memory_limit_mb
-            .unwrap_or(st.config.default_memory_mb),
+        req.memory_limit_mb.unwrap_or(st.config.default_memory_mb),
         req.cpu_cores_limit.unwrap_or(st.config.default_cpu_cores)
     );
     error_response(
@@ -168,7 +186,9 @@ async fn with_report(resp: Response, report: &QueueReport) -> Response {
                 "queue".into(),
                 serde_json::to_value(report).unwrap_or_default(),
             );
-            serde_json::to_vec(&m).map(bytes::Bytes::from).unwrap_or(bytes)
+            serde_json::to_vec(&m)
+                .map(bytes::Bytes::from)
+                .unwrap_or(bytes)
         }
         _ => bytes,
     };

@@ -452,7 +452,10 @@ mod tests {
         let (q2, t) = (q.clone(), q.ticket("a"));
         let third = tokio::spawn(async move { q2.wait_turn("a", Some(t), &req(), far()).await });
         tokio::time::sleep(Duration::from_millis(30)).await;
-        assert!(!third.is_finished(), "two attempts out use the room for two");
+        assert!(
+            !third.is_finished(),
+            "two attempts out use the room for two"
+        );
         // Both placed: the view now counts them (room 0 left); a stop frees one.
         room.store(0, Ordering::SeqCst);
         a.placed();
@@ -471,7 +474,12 @@ mod tests {
         let held = q.wait_turn("a", None, &req(), far()).await.unwrap();
         let t = q.ticket("a");
         let e = q
-            .wait_turn("a", Some(t), &req(), Instant::now() + Duration::from_millis(30))
+            .wait_turn(
+                "a",
+                Some(t),
+                &req(),
+                Instant::now() + Duration::from_millis(30),
+            )
             .await
             .err()
             .unwrap();
@@ -518,7 +526,10 @@ mod tests {
                 .filter(|o| o.0 == p)
                 .map(|o| (o.1, o.2))
                 .collect();
-            assert!(mine.windows(2).all(|w| w[0].0 < w[1].0 && w[0].1 < w[1].1), "{mine:?}");
+            assert!(
+                mine.windows(2).all(|w| w[0].0 < w[1].0 && w[0].1 < w[1].1),
+                "{mine:?}"
+            );
         }
     }
 }

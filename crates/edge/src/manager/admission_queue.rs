@@ -154,7 +154,10 @@ mod tests {
         assert_eq!(wait_bound(None), DEFAULT_WAIT);
         assert_eq!(wait_bound(Some(5.0)), Duration::from_secs(5));
         assert_eq!(wait_bound(Some(1e9)), MAX_WAIT);
-        assert!(MAX_WAIT < Duration::from_secs(120), "the apiserver's forward gives up at 120 s");
+        assert!(
+            MAX_WAIT < Duration::from_secs(120),
+            "the apiserver's forward gives up at 120 s"
+        );
         assert_eq!(wait_bound(Some(0.0)), Duration::ZERO);
     }
 }

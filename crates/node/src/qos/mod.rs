@@ -284,8 +284,7 @@ impl Qos {
             // Only starting or unmeasured sandboxes in the way: it fits once they settle. CPU
             // in use is compressible and changes from moment to moment (best-effort tasks are
             // SCHED_IDLE): waiting for it is worth it too, up to the request's wait bound.
-            r.transient = admission::check(class, req, &policy, &snap.settled(unmeasured))
-                .is_ok()
+            r.transient = admission::check(class, req, &policy, &snap.settled(unmeasured)).is_ok()
                 || (r.resource == "cpu" && r.rule.starts_with("measured usage"));
             r
         })?;
