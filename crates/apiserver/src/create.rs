@@ -56,9 +56,16 @@ pub async fn create(
     if let Some(w) = req.wait_s {
         // Burst queueing (issue 22): wait for capacity instead of a `node_full` refusal.
         let wait = crate::queue::create::check_wait_s(w)?;
-        return crate::queue::create::create_queued(st, principal, req, wait, Extras::default(), None)
-            .await
-            .unwrap_or_else(|| Err(ApiError::Internal("queued create cancelled".into())));
+        return crate::queue::create::create_queued(
+            st,
+            principal,
+            req,
+            wait,
+            Extras::default(),
+            None,
+        )
+        .await
+        .unwrap_or_else(|| Err(ApiError::Internal("queued create cancelled".into())));
     }
     create_with(st, principal, req, Extras::default()).await
 }
