@@ -179,11 +179,11 @@ def test_fork_of_16_across_3_edges_from_a_200mb_layer(fc):
             if n != owner:
                 for s in snaps:
                     if s in fc.edge_images(n):
-                        assert fc.remove_image(n, s) == 200
+                        assert fc.remove_image(n, s) in (200, 204)
                         assert s not in fc.edge_images(n)
         assert set(os.listdir(fc.blobs)) == objects
         for s in snaps:
-            assert fc.remove_image(owner, s) == 200
+            assert fc.remove_image(owner, s) in (200, 204)
             assert s not in fc.edge_images(owner)
         left = set(os.listdir(fc.blobs))
         assert not {o for o in left if o.endswith(".image")}, left

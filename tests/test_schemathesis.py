@@ -2,7 +2,8 @@
 against the served `/openapi.json` of a private `dsec up`.
 
 - With a valid admin key, seed 1, 25 examples per operation (the `examples` and `fuzzing`
-  phases): no 5xx, the server does not crash, every 4xx carries the JSON error body
+  phases): no 5xx (but 501 `unsupported` for a capability this build lacks: memory
+  snapshots), the server does not crash, every 4xx carries the JSON error body
   (`{"error": {"code", "message"}}`).
 - With a wrong key, seed 1, 5 examples per operation: 401 everywhere except the
   unauthenticated service routes (`/healthz`, `/openapi.json`, `/metrics`).
@@ -118,11 +119,26 @@ def describe(e: dict) -> str:
             f"{(resp.get('content') or {}).get('text', '')[:300]!r}")
 
 
+def unsupported(e: dict) -> bool:
+    """501 `unsupported`: a capability this build does not have (today only memory snapshots,
+    `POST .../snapshot {"memory": true}`, which tests/test_fork.py expects as such); the only
+    5xx let through, listed in the run's output."""
+    if e["response"]["status"] != 501:
+        return False
+    try:
+        return json.loads(e["response"]["content"]["text"])["error"]["code"] == "unsupported"
+    except (ValueError, KeyError, TypeError):
+        return False
+
+
 def test_valid_key_no_5xx_and_json_errors(up):
     exe = schemathesis_bin()
     entries = run(exe, up, up.key, 25)
-    server_errors = [describe(e) for e in entries if e["response"]["status"] >= 500]
+    server_errors = [describe(e) for e in entries if e["response"]["status"] >= 500 and not unsupported(e)]
     assert not server_errors, f"{len(server_errors)} 5xx answers:\n" + "\n".join(server_errors[:40])
+    for e in entries:
+        if unsupported(e):
+            print("allowed 501 unsupported:", describe(e))
     bad_bodies = []
     for e in entries:
         st = e["response"]["status"]

@@ -283,6 +283,9 @@ mod tests {
     fn rfc3339_of_now_is_well_formed() {
         let s = super::now_rfc3339();
         assert_eq!(s.len(), 20, "{s}");
-        assert!(s.starts_with("20") && s.ends_with('Z') && &s[10..11] == "T", "{s}");
+        assert!(
+            s.starts_with("20") && s.ends_with('Z') && &s[10..11] == "T",
+            "{s}"
+        );
     }
 }

@@ -56,9 +56,16 @@ pub async fn create(
     if let Some(w) = req.wait_s {
         // Burst queueing (issue 22): wait for capacity instead of a `node_full` refusal.
         let wait = crate::queue::create::check_wait_s(w)?;
-        return crate::queue::create::create_queued(st, principal, req, wait, Extras::default(), None)
-            .await
-            .unwrap_or_else(|| Err(ApiError::Internal("queued create cancelled".into())));
+        return crate::queue::create::create_queued(
+            st,
+            principal,
+            req,
+            wait,
+            Extras::default(),
+            None,
+        )
+        .await
+        .unwrap_or_else(|| Err(ApiError::Internal("queued create cancelled".into())));
     }
     create_with(st, principal, req, Extras::default()).await
 }
@@ -88,6 +95,8 @@ pub async fn create_with(
         .project
         .clone()
         .unwrap_or_else(|| principal.project.clone());
+    // Volumes resolve in the sandbox's project and pin it to their node (node-local).
+    let volume_node = crate::volumes::resolve_mounts(st, principal, &project, &mut req).await?;
     let memory_mb = req.memory_limit_mb.unwrap_or(cfg.default_memory_mb);
     let cpu = req.cpu_cores_limit.unwrap_or(cfg.default_cpu_cores);
     if let Some(msg) = st
@@ -154,6 +163,21 @@ pub async fn create_with(
         let w = st.forwarder.watcher();
         plan.nodes
             .retain(|i| w.endpoint_at(*i).and_then(|(_, n)| n).as_deref() == Some(only));
+    }
+    if let Some(only) = &volume_node {
+        let w = st.forwarder.watcher();
+        plan.nodes
+            .retain(|i| w.endpoint_at(*i).and_then(|(_, n)| n).as_deref() == Some(only));
+        if plan.nodes.is_empty() {
+            st.ledger.release_reservation(&res_id);
+            st.metrics.placement_refusals.inc();
+            return Ok(error_response(
+                codes::NODE_FULL,
+                format!(
+                    "the sandbox mounts volumes kept on node {only}, which is unhealthy or has no room for it; retry later or see GET /v1/nodes"
+                ),
+            ));
+        }
     }
     if plan.nodes.is_empty() {
         st.ledger.release_reservation(&res_id);

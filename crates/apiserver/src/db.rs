@@ -114,6 +114,16 @@ CREATE TABLE IF NOT EXISTS principal_projects (
     principal_id TEXT PRIMARY KEY REFERENCES principals(id),
     project_id TEXT NOT NULL REFERENCES projects(id)
 );
+-- Named volumes (`crate::volumes`): owned by a project, kept on one node.
+CREATE TABLE IF NOT EXISTS volumes (
+    id TEXT PRIMARY KEY,
+    name TEXT NOT NULL,
+    project_id TEXT NOT NULL REFERENCES projects(id),
+    node TEXT NOT NULL,
+    size_mb BIGINT NOT NULL,
+    created_ms BIGINT NOT NULL,
+    UNIQUE (project_id, name)
+);
 ";
 
 /// The same schema in PostgreSQL's types (64-bit integers throughout).
@@ -163,6 +173,16 @@ CREATE INDEX IF NOT EXISTS allocations_pending ON allocations(created_ms) WHERE 
 CREATE TABLE IF NOT EXISTS principal_projects (
     principal_id TEXT PRIMARY KEY REFERENCES principals(id),
     project_id TEXT NOT NULL REFERENCES projects(id)
+);
+-- Named volumes (`crate::volumes`): owned by a project, kept on one node.
+CREATE TABLE IF NOT EXISTS volumes (
+    id TEXT PRIMARY KEY,
+    name TEXT NOT NULL,
+    project_id TEXT NOT NULL REFERENCES projects(id),
+    node TEXT NOT NULL,
+    size_mb BIGINT NOT NULL,
+    created_ms BIGINT NOT NULL,
+    UNIQUE (project_id, name)
 );
 ";
 

@@ -125,8 +125,9 @@ fn hmac_sha256(key: &[u8], msg: &[u8]) -> [u8; 32] {
         .into()
 }
 
-/// The signing secret: the configured one, else one random secret for this process.
-fn secret(st: &AppState) -> Vec<u8> {
+/// The signing secret: the configured one, else one random secret for this process (also the
+/// key of the E2B access tokens, `compat::e2b::access`).
+pub fn secret(st: &AppState) -> Vec<u8> {
     static RANDOM: std::sync::OnceLock<[u8; 32]> = std::sync::OnceLock::new();
     match &st.config.port_url_secret {
         Some(s) => s.as_bytes().to_vec(),

@@ -156,6 +156,11 @@ pub fn v1_routes() -> Routes {
             crate::membership::http::uncordon,
         )
         .on(Post, "/v1/nodes/{id}/drain", crate::membership::http::drain)
+
+        .on(Post, "/v1/volumes", crate::volumes::create)
+        .on(Get, "/v1/volumes", crate::volumes::list)
+        .on(Get, "/v1/volumes/{name}", crate::volumes::get)
+        .on(Delete, "/v1/volumes/{name}", crate::volumes::delete)
         .on(Get, "/v1/cluster", iam::cluster)
         .on(Get, "/v1/projects", iam::list_projects)
         .on(Post, "/v1/projects", iam::create_project)
@@ -207,6 +212,8 @@ pub fn router(state: AppState) -> Router {
         .merge(v1)
         .merge(public_routes().router)
         .merge(crate::ports::router())
+        // E2B-compatible API (issue 19).
+        .merge(crate::compat::e2b::router(state.clone()))
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
         .layer(middleware::from_fn_with_state(

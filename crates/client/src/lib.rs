@@ -22,6 +22,8 @@ pub mod processes;
 mod ports;
 mod queue;
 
+mod volumes;
+
 use std::path::Path;
 use std::pin::Pin;
 

@@ -98,6 +98,9 @@ pub enum Command {
     Fork(cmd::snapshot::ForkArgs),
     /// The URL of a TCP port inside a sandbox (signed and expiring by default).
     Port(cmd::port::PortArgs),
+    /// Named persistent volumes: create, ls, rm (mount with `dsec run --volume /data=NAME`).
+    #[command(subcommand)]
+    Volume(cmd::volume::VolumeCommand),
     /// Copy a file into or out of a sandbox (one side is ID:/path).
     Cp(cmd::cp::CpArgs),
     /// Background processes in a sandbox (process handles): start, ls, logs, wait, kill.
@@ -301,6 +304,7 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Snapshot(a) => cmd::snapshot::snapshot(&connect::client(&g)?, a).await,
         Command::Fork(a) => cmd::snapshot::fork(&connect::client(&g)?, a).await,
         Command::Port(a) => cmd::port::port(&connect::client(&g)?, a).await,
+        Command::Volume(c) => cmd::volume::volume(&connect::client(&g)?, c).await,
         Command::Cp(a) => cmd::cp::cp(&connect::client(&g)?, a).await,
         Command::Proc(c) => cmd::proc_::run(&connect::client(&g)?, c).await,
         Command::Fn(c) => cmd::fn_::run(&connect::client(&g)?, c).await,

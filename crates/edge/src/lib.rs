@@ -53,6 +53,7 @@ pub mod trajectory;
 pub mod ttl;
 pub mod tty;
 pub mod vm_config;
+pub mod volumes;
 pub mod watch;
 
 use std::path::{Path, PathBuf};

@@ -248,6 +248,7 @@ impl WorkerFactory {
             protected_paths: Vec::new(),
             disk_limit_mb: None,
             layer_files: Vec::new(),
+            binds: Vec::new(),
         };
         let sandbox = match self.substrate.create(spec).await {
             Ok(s) => s,

@@ -59,6 +59,19 @@ pub struct SandboxSpec {
     /// the disk limit's file system when there is one; a substrate whose writable layer is
     /// not `<dir>/upper` on the host (a VM's disk) ignores them.
     pub layer_files: Vec<LayerFile>,
+    /// Host directories bound into the sandbox (volumes, mounted on the host by the edge);
+    /// only given to a substrate whose [`Capabilities::volume_binds`] is true.
+    pub binds: Vec<BindMount>,
+}
+
+/// One host directory bound into a sandbox ([`SandboxSpec::binds`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct BindMount {
+    /// Absolute host path (a directory on the volume's mounted file system).
+    pub source: PathBuf,
+    /// Absolute, normalised path inside the sandbox (made if missing, never through a symlink).
+    pub target: String,
+    pub read_only: bool,
 }
 
 /// One file of [`SandboxSpec::layer_files`].
@@ -164,6 +177,9 @@ pub struct Capabilities {
     /// A TCP port inside the sandbox is reached by a socket made in the network namespace of
     /// the sandbox's pid (exposed ports): true where the sandbox's processes are the host's.
     pub ports_in_netns: bool,
+    /// Host directories can be bound into the sandbox ([`SandboxSpec::binds`]): the sandbox
+    /// shares the host's kernel and mount tree. A VM would need the volume's image as a disk.
+    pub volume_binds: bool,
 }
 
 /// What a create asks of the substrate beyond the [`SandboxSpec`].

@@ -68,6 +68,19 @@ pub struct ContainerSetup {
     /// itself and so on every command).
     #[serde(default)]
     pub protected_paths: Vec<String>,
+    /// Host directories bound into the new root before the pivot (volumes).
+    #[serde(default)]
+    pub binds: Vec<BindSetup>,
+}
+
+/// One bind mount of [`ContainerSetup::binds`].
+#[derive(Debug, Clone, Serialize, Deserialize, Default, PartialEq)]
+pub struct BindSetup {
+    /// Host path (valid in aether's mount namespace before the pivot).
+    pub source: String,
+    /// Absolute path inside the new root; made when missing, refused through a symlink.
+    pub target: String,
+    pub read_only: bool,
 }
 
 /// A request from the edge. Fields named `*_len` describe how the frame body is split.

@@ -41,6 +41,7 @@ from .errors import (
 from .functions import FunctionResult, RunResult
 from .processes import MetricsSample, ProcessEvent, ProcessHandle, ProcessInfo, ProcessOutput
 from .watch import FsEvent, Watcher
+from .volumes import VolumeInfo
 from .types import DSecContainerRunArgs, DSecMicroVMRunArgs, DSecVMRunArgs, FileInfo, ImageInfo, JobOpResult, SandboxInfo, ShellResult, StreamEvent
 
 __version__ = "0.1.0"
@@ -89,5 +90,6 @@ __all__ = [
     "TransportError",
     "Unauthorized",
     "Unsupported",
+    "VolumeInfo",
     "Watcher",
 ]

@@ -26,6 +26,7 @@ from .nodes import NodesMixin
 from .functions import FunctionsMixin
 from .processes import MetricsMixin, ProcessesMixin
 from .watch import WatchMixin
+from .volumes import VolumesMixin
 from .errors import (
     CommandTimeout,
     DSecError,
@@ -108,7 +109,7 @@ def _http_timeout(command_timeout: Optional[float]) -> float:
     return (command_timeout if command_timeout is not None else DEFAULT_COMMAND_TIMEOUT) + HTTP_GRACE
 
 
-class DSecClient(FunctionsMixin, NodesMixin):
+class DSecClient(FunctionsMixin, NodesMixin, VolumesMixin):
     """Asynchronous dsec client.
 
     ``api_url`` and ``api_key`` default to the ``DSEC_API_URL`` and ``DSEC_API_KEY`` environment

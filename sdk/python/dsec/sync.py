@@ -25,6 +25,7 @@ from .functions import SyncFunctionsMixin
 from .nodes import SyncNodesMixin
 from .processes import SyncMetricsMixin, SyncProcessesMixin
 from .watch import SyncWatchMixin
+from .volumes import SyncVolumesMixin
 from .types import DSecContainerRunArgs, DSecVMRunArgs, FileInfo, ImageInfo, SandboxInfo, ShellResult, StreamEvent
 
 T = TypeVar("T")
@@ -69,7 +70,7 @@ class _LoopThread:
             self.loop.close()
 
 
-class DSecClient(SyncFunctionsMixin, SyncNodesMixin):
+class DSecClient(SyncFunctionsMixin, SyncNodesMixin, SyncVolumesMixin):
     """Synchronous dsec client (see :class:`dsec.DSecClient` for the arguments)."""
 
     def __init__(

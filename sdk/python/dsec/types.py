@@ -74,6 +74,10 @@ class DSecContainerRunArgs:
     #: ``node_full`` (the sandbox's ``queue`` then says how long it waited).
     wait_s: Optional[float] = None
 
+    #: Volumes to mount: ``{"/data": "vol1"}`` (read-write) or
+    #: ``{"/data": {"name": "vol1", "read_only": True}}`` (see :meth:`dsec.DSecClient.create_volume`).
+    volumes: Optional[Dict[str, Any]] = None
+
     def to_json(self) -> Dict[str, Any]:
         """The JSON body of the create call (``container_image`` becomes ``image``)."""
         body: Dict[str, Any] = {"image": self.container_image}

@@ -90,6 +90,14 @@ pub fn validate(setup: &ContainerSetup) -> Result<(), SetupError> {
             return bad(format!("bad masked or read-only path {p:?}"));
         }
     }
+    for b in &setup.binds {
+        if !host_path_ok(&b.source) {
+            return bad(format!("bad volume source {:?}", b.source));
+        }
+        if let Err(m) = dsec_wire::api::check_volume_path(&b.target) {
+            return bad(m);
+        }
+    }
     let h = &setup.hostname;
     if h.is_empty()
         || h.len() > 64
@@ -117,6 +125,7 @@ pub fn apply(setup: &ContainerSetup) -> Result<(), SetupError> {
         work: &setup.work,
         rootfs: &setup.rootfs,
         shm_mb: setup.shm_mb,
+        binds: &setup.binds,
     };
     mounts::build_root(&mut sys, &spec).map_err(|e| fail("build root", e))?;
     mounts::mask(&mut sys, &setup.masked_paths).map_err(|e| fail("mask paths", e))?;

@@ -9,8 +9,10 @@
 //! * [`mounts`] — overlay root, /proc, /sys, /dev, pivot_root, masks, read-only paths;
 //! * [`caps`] — capability bounding/effective sets, no_new_privs, dumpable;
 //! * [`seccomp`] — the syscall allowlist;
+//! * [`binds`] — volumes bound into the root before the pivot;
 //! * [`sys`] — the privileged calls behind a trait (a recording fake tests the mount order).
 
+pub mod binds;
 pub mod caps;
 pub mod container;
 pub mod landlock;

@@ -57,6 +57,8 @@ pub struct RootSpec<'a> {
     pub work: &'a str,
     pub rootfs: &'a str,
     pub shm_mb: u64,
+    /// Volumes bound into the root just before the pivot.
+    pub binds: &'a [dsec_wire::aether::BindSetup],
 }
 
 /// The overlay mount options for `spec`.
@@ -197,6 +199,8 @@ pub fn build_root(sys: &mut dyn Sys, spec: &RootSpec<'_>) -> Result<(), MountErr
         );
     }
 
+    super::binds::bind_all(sys, &root, spec.binds)?;
+
     ctx(sys.pivot_into(&root), || {
         format!("pivot_root into {}", root.display())
     })
@@ -281,6 +285,7 @@ mod tests {
             work: "/sb/work",
             rootfs: "/sb/rootfs",
             shm_mb: 64,
+            binds: &[],
         }
     }
 

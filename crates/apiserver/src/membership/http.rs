@@ -111,6 +111,17 @@ pub async fn join(
             req.node_id, e.url
         )));
     }
+    // A static edge that reported this id (its configured list has no id for it): taking it
+    // over would re-point that node's sandboxes at the joining edge.
+    if let Some((e, _, _)) = st.forwarder.watcher().endpoint_for(&req.node_id) {
+        let joined = st.membership.member(&req.node_id).is_some_and(|m| m.joined);
+        if !joined && e.url != req.url {
+            return Err(ApiError::Conflict(format!(
+                "node id {} is a static edge of this apiserver (at {}); join with another --node-id",
+                req.node_id, e.url
+            )));
+        }
+    }
     let node_id = req.node_id.clone();
     let endpoint = crate::config::EdgeEndpoint {
         node_id: Some(req.node_id.clone()),

@@ -13,6 +13,7 @@ mod batches;
 mod paths;
 mod ports;
 mod processes;
+mod volumes;
 
 use std::sync::OnceLock;
 
@@ -130,6 +131,10 @@ pub const EDGE_PASS_THROUGH: &[(&str, &str)] = &[
         processes::rename_file,
         processes::watch_files,
         processes::sandbox_metrics,
+        volumes::create_volume,
+        volumes::list_volumes,
+        volumes::get_volume,
+        volumes::delete_volume,
     ),
     components(schemas(
         dsec_wire::api::EndReason,
@@ -154,6 +159,7 @@ pub const EDGE_PASS_THROUGH: &[(&str, &str)] = &[
         (name = "batches", description = "Many sandboxes of one shape, placed as capacity frees (create_many)"),
         (name = "functions", description = "Function calls on pre-warmed workers"),
         (name = "ports", description = "Exposed ports: reach a server inside a sandbox"),
+        (name = "volumes", description = "Named persistent volumes of a project"),
         (name = "service", description = "Unauthenticated service routes"),
     )
 )]

@@ -167,6 +167,8 @@ const DOC_ONLY: &[&str] = &[
     "RemovedTemplates",
     "RevokedKey",
     "QueueFull",
+    // A bare volume name (a string, no fields to check) or a `VolumeMountSpec` (checked below).
+    "VolumeMount",
 ];
 
 fn ser<T: Serialize>(value: T) -> Value {
@@ -231,7 +233,6 @@ fn samples() -> BTreeMap<&'static str, Vec<Value>> {
     ] {
         add("Substrate", ser(v));
     }
-    add("CreateSandboxRequest", ser(CreateSandboxRequest::default()));
     add("QueueReport", ser(QueueReport::default()));
     add("CreateBatchRequest", ser(CreateBatchRequest::default()));
     for v in [BatchState::Running, BatchState::Done, BatchState::Cancelled] {
@@ -251,6 +252,29 @@ fn samples() -> BTreeMap<&'static str, Vec<Value>> {
             errors: Default::default(),
             last_error: some_s(),
             created_at: "t".into(),
+        }),
+    );
+    add(
+        "CreateSandboxRequest",
+        ser(CreateSandboxRequest {
+            volumes: [("/data".to_string(), VolumeMount::Name("v".into()))].into(),
+            ..Default::default()
+        }),
+    );
+    add("CreateVolumeRequest", ser(CreateVolumeRequest::default()));
+    add(
+        "VolumeInfo",
+        ser(VolumeInfo {
+            used_by: vec!["sb".into()],
+            ..Default::default()
+        }),
+    );
+    add("VolumeList", ser(VolumeList::default()));
+    add(
+        "VolumeMountSpec",
+        ser(VolumeMountSpec {
+            name: "v".into(),
+            read_only: true,
         }),
     );
     add("QosClass", ser(QosClass::LatencySensitive));
@@ -804,6 +828,7 @@ fn request_bodies_refuse_unknown_fields_as_the_server_does() {
         "CreateProjectRequest",
         "CreateKeyRequest",
         "CreateBatchRequest",
+        "CreateVolumeRequest",
     ] {
         assert_eq!(
             schemas[name]["additionalProperties"],

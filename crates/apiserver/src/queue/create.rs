@@ -47,12 +47,12 @@ pub async fn create_queued(
         .clone()
         .unwrap_or_else(|| principal.project.clone());
     let queue = st.queue.clone();
-    let ticket = queue.ticket(&project);
+    let mut ticket: Option<u64> = None;
     let shape = std::sync::Arc::new(req.clone());
     let mut attempts = 0u32;
     let mut last_refusal: Option<String> = None;
     loop {
-        let turn = queue.wait_turn(&project, ticket, &shape, deadline, attempts > 0);
+        let turn = queue.wait_turn(&project, ticket, &shape, deadline);
         let turn = match cancel.as_mut() {
             Some(c) => tokio::select! {
                 t = turn => t,
@@ -68,10 +68,19 @@ pub async fn create_queued(
                         .watcher()
                         .with(|nodes| super::room::why_no_room(nodes, &req))
                 });
-                return Some(Ok(refused(st, &req, wait, arrived, attempts, &e.to_string(), &why)));
+                return Some(Ok(refused(
+                    st,
+                    &req,
+                    wait,
+                    arrived,
+                    attempts,
+                    &e.to_string(),
+                    &why,
+                )));
             }
         };
         attempts += 1;
+        ticket = Some(slot.ticket);
         let waited = arrived.elapsed();
         let resp = match create_with(st, principal, req.clone(), extras.clone()).await {
             Ok(r) => r,
@@ -81,12 +90,12 @@ pub async fn create_queued(
             }
         };
         if resp.status().is_success() {
-            let dispatched = slot.dispatched;
+            let (dispatched, slot_ticket) = (slot.dispatched, slot.ticket);
             slot.placed();
             observe(st, "placed", arrived);
             let report = QueueReport {
                 waited_ms: waited.as_secs_f64() * 1e3,
-                ticket,
+                ticket: slot_ticket,
                 dispatched,
                 attempts,
             };
@@ -109,14 +118,25 @@ pub async fn create_queued(
         if !no_room {
             drop(slot);
             observe(st, "error", arrived);
-            return Some(Ok(Response::from_parts(parts, axum::body::Body::from(bytes))));
+            return Some(Ok(Response::from_parts(
+                parts,
+                axum::body::Body::from(bytes),
+            )));
         }
         let why = err.map(|e| e.error.message).unwrap_or_default();
         slot.no_room(&why);
         last_refusal = Some(why);
         if Instant::now() >= deadline {
             let why = last_refusal.unwrap_or_default();
-            return Some(Ok(refused(st, &req, wait, arrived, attempts, "wait_s passed", &why)));
+            return Some(Ok(refused(
+                st,
+                &req,
+                wait,
+                arrived,
+                attempts,
+                "wait_s passed",
+                &why,
+            )));
         }
     }
 }
@@ -142,8 +162,7 @@ fn refused(
     st.metrics.placement_refusals.inc();
     let asked = format!(
         "{} MiB, {} cores",
-        req.memory_limit_mb
-            .unwrap_or(st.config.default_memory_mb),
+        req.memory_limit_mb.unwrap_or(st.config.default_memory_mb),
         req.cpu_cores_limit.unwrap_or(st.config.default_cpu_cores)
     );
     error_response(
@@ -167,7 +186,9 @@ async fn with_report(resp: Response, report: &QueueReport) -> Response {
                 "queue".into(),
                 serde_json::to_value(report).unwrap_or_default(),
             );
-            serde_json::to_vec(&m).map(bytes::Bytes::from).unwrap_or(bytes)
+            serde_json::to_vec(&m)
+                .map(bytes::Bytes::from)
+                .unwrap_or(bytes)
         }
         _ => bytes,
     };

@@ -136,7 +136,11 @@ mod tests {
         // a/0 found no room: back before a/1 and a/2.
         q.push("a", 0, (), true);
         let order = drain(&mut q);
-        let a: Vec<u64> = order.iter().filter(|(p, _)| p == "a").map(|o| o.1).collect();
+        let a: Vec<u64> = order
+            .iter()
+            .filter(|(p, _)| p == "a")
+            .map(|o| o.1)
+            .collect();
         assert_eq!(a, [0, 1, 2]);
         // A project with nothing else waiting is served next when its item comes back.
         let mut q = FairQueue::default();
@@ -156,7 +160,10 @@ mod tests {
         assert_eq!(q.remove("a", 1), None);
         assert_eq!(q.remove("b", 0), Some(20));
         assert_eq!(q.len(), 1);
-        assert_eq!(q.pop().map(|(p, t, v)| (p, t, v)), Some(("a".into(), 0, 10)));
+        assert_eq!(
+            q.pop().map(|(p, t, v)| (p, t, v)),
+            Some(("a".into(), 0, 10))
+        );
         assert!(q.pop().is_none() && q.turn.is_empty() && q.projects.is_empty());
     }
 }

@@ -111,7 +111,8 @@ impl BurstQueue {
     }
 
     /// A new ticket of `project` (its arrival number).
-    pub fn ticket(&self, project: &str) -> u64 {
+    #[cfg(test)]
+    fn ticket(&self, project: &str) -> u64 {
         let mut g = self.lock();
         let t = g.tickets.entry(project.to_string()).or_insert(0);
         let mine = *t;
@@ -120,19 +121,31 @@ impl BurstQueue {
     }
 
     /// Waits for the turn of `project`'s create `ticket` (in ticket order within the project,
-    /// projects in turn) until `deadline`. `put_back`: the create already had a turn that found
-    /// no room (it goes back to its place).
+    /// projects in turn) until `deadline`. `None`: a new arrival, whose ticket is taken under
+    /// the same lock as its place in the queue (so arrival order is queue order); `Some`: the
+    /// create already had a turn that found no room and goes back to its place.
     pub async fn wait_turn(
         self: &Arc<Self>,
         project: &str,
-        ticket: u64,
+        ticket: Option<u64>,
         req: &Arc<CreateSandboxRequest>,
         deadline: Instant,
-        put_back: bool,
     ) -> Result<Slot, WaitTurnError> {
         let since = Instant::now();
+        let put_back_ticket = ticket;
+        let put_back = ticket.is_some();
+        let ticket: u64;
         let rx = {
             let mut g = self.lock();
+            ticket = match put_back_ticket {
+                Some(t) => t,
+                None => {
+                    let t = g.tickets.entry(project.to_string()).or_insert(0);
+                    let mine = *t;
+                    *t += 1;
+                    mine
+                }
+            };
             if g.waiting.is_empty()
                 && !g.blocked
                 && g.in_flight < self.max_in_flight
@@ -406,12 +419,12 @@ mod tests {
     async fn no_room_blocks_until_capacity_frees_then_probes() {
         let q = queue(4);
         let t0 = q.ticket("a");
-        let s = q.wait_turn("a", t0, &req(), far(), false).await.unwrap();
+        let s = q.wait_turn("a", Some(t0), &req(), far()).await.unwrap();
         s.no_room("cpu: full");
         assert_eq!(q.last_no_room().as_deref(), Some("cpu: full"));
         // Blocked: the next create waits.
         let (q2, t1) = (q.clone(), q.ticket("a"));
-        let waiter = tokio::spawn(async move { q2.wait_turn("a", t1, &req(), far(), false).await });
+        let waiter = tokio::spawn(async move { q2.wait_turn("a", Some(t1), &req(), far()).await });
         tokio::time::sleep(Duration::from_millis(50)).await;
         assert_eq!(q.waiting(), 1);
         assert!(!waiter.is_finished());
@@ -420,7 +433,7 @@ mod tests {
         assert!(s.probe && s.ticket == t1);
         s.placed();
         // Open again: the fast path.
-        let s = q.wait_turn("a", q.ticket("a"), &req(), far(), false).await.unwrap();
+        let s = q.wait_turn("a", None, &req(), far()).await.unwrap();
         assert!(!s.probe);
     }
 
@@ -434,12 +447,15 @@ mod tests {
             Arc::new(move |_: &CreateSandboxRequest| r.load(Ordering::SeqCst)),
             64,
         );
-        let a = q.wait_turn("a", q.ticket("a"), &req(), far(), false).await.unwrap();
-        let b = q.wait_turn("a", q.ticket("a"), &req(), far(), false).await.unwrap();
+        let a = q.wait_turn("a", None, &req(), far()).await.unwrap();
+        let b = q.wait_turn("a", None, &req(), far()).await.unwrap();
         let (q2, t) = (q.clone(), q.ticket("a"));
-        let third = tokio::spawn(async move { q2.wait_turn("a", t, &req(), far(), false).await });
+        let third = tokio::spawn(async move { q2.wait_turn("a", Some(t), &req(), far()).await });
         tokio::time::sleep(Duration::from_millis(30)).await;
-        assert!(!third.is_finished(), "two attempts out use the room for two");
+        assert!(
+            !third.is_finished(),
+            "two attempts out use the room for two"
+        );
         // Both placed: the view now counts them (room 0 left); a stop frees one.
         room.store(0, Ordering::SeqCst);
         a.placed();
@@ -455,17 +471,22 @@ mod tests {
     #[tokio::test]
     async fn a_waiter_that_times_out_or_goes_away_leaves_nothing() {
         let q = queue(1);
-        let held = q.wait_turn("a", q.ticket("a"), &req(), far(), false).await.unwrap();
+        let held = q.wait_turn("a", None, &req(), far()).await.unwrap();
         let t = q.ticket("a");
         let e = q
-            .wait_turn("a", t, &req(), Instant::now() + Duration::from_millis(30), false)
+            .wait_turn(
+                "a",
+                Some(t),
+                &req(),
+                Instant::now() + Duration::from_millis(30),
+            )
             .await
             .err()
             .unwrap();
         assert!(matches!(e, WaitTurnError::TimedOut { ahead: 0, .. }), "{e}");
         assert_eq!(q.waiting(), 0);
         let (q2, t) = (q.clone(), q.ticket("b"));
-        let gone = tokio::spawn(async move { q2.wait_turn("b", t, &req(), far(), false).await });
+        let gone = tokio::spawn(async move { q2.wait_turn("b", Some(t), &req(), far()).await });
         tokio::time::sleep(Duration::from_millis(20)).await;
         assert_eq!(q.waiting(), 1);
         gone.abort();
@@ -478,14 +499,14 @@ mod tests {
     #[tokio::test]
     async fn turns_follow_arrival_within_a_project_and_alternate_between_projects() {
         let q = queue(1);
-        let held = q.wait_turn("x", q.ticket("x"), &req(), far(), false).await.unwrap();
+        let held = q.wait_turn("x", None, &req(), far()).await.unwrap();
         let order = Arc::new(Mutex::new(Vec::new()));
         let mut tasks = Vec::new();
         // a arrives with 6 before b's 3.
         for p in ["a", "a", "a", "a", "a", "a", "b", "b", "b"] {
-            let (q, order, t) = (q.clone(), order.clone(), q.ticket(p));
+            let (q, order) = (q.clone(), order.clone());
             tasks.push(tokio::spawn(async move {
-                let s = q.wait_turn(p, t, &req(), far(), false).await.unwrap();
+                let s = q.wait_turn(p, None, &req(), far()).await.unwrap();
                 order.lock().unwrap().push((p, s.ticket, s.dispatched));
                 tokio::task::yield_now().await;
                 s.placed();
@@ -505,7 +526,10 @@ mod tests {
                 .filter(|o| o.0 == p)
                 .map(|o| (o.1, o.2))
                 .collect();
-            assert!(mine.windows(2).all(|w| w[0].0 < w[1].0 && w[0].1 < w[1].1), "{mine:?}");
+            assert!(
+                mine.windows(2).all(|w| w[0].0 < w[1].0 && w[0].1 < w[1].1),
+                "{mine:?}"
+            );
         }
     }
 }

@@ -72,7 +72,8 @@ pub fn why_no_room(nodes: &[NodeView], req: &CreateSandboxRequest) -> String {
         };
         used += s.sandboxes_running + s.sandboxes_paused;
         cap += s.capacity_sandboxes;
-        if s.capacity_sandboxes > 0 && s.sandboxes_running + s.sandboxes_paused >= s.capacity_sandboxes
+        if s.capacity_sandboxes > 0
+            && s.sandboxes_running + s.sandboxes_paused >= s.capacity_sandboxes
         {
             full += 1;
             continue;

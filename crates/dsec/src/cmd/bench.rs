@@ -171,8 +171,13 @@ async fn create_load(client: Client, a: CreateLoadArgs) -> anyhow::Result<()> {
             .await
             .context("semaphore closed")?;
         let idempotency_key = a.idempotency_prefix.as_ref().map(|p| format!("{p}-{i}"));
-        let (client, shared, delete, base, wait_s) =
-            (client.clone(), shared.clone(), a.delete, base.clone(), a.wait_s);
+        let (client, shared, delete, base, wait_s) = (
+            client.clone(),
+            shared.clone(),
+            a.delete,
+            base.clone(),
+            a.wait_s,
+        );
         tasks.spawn(async move {
             let _permit = permit;
             let t = Instant::now();

@@ -18,6 +18,7 @@ pub mod snapshot;
 pub mod top;
 pub mod trajectory;
 pub mod vm;
+pub mod volume;
 
 /// Prints a value as pretty JSON on stdout.
 pub fn print_json<T: serde::Serialize>(v: &T) -> anyhow::Result<()> {

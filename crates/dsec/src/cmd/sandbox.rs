@@ -47,9 +47,29 @@ pub struct RunArgs {
     /// being refused with node_full.
     #[arg(long)]
     pub wait_s: Option<f64>,
+
+    /// Mount a volume (repeatable): `PATH=NAME`, or `PATH=NAME:ro` read-only.
+    #[arg(long = "volume", short = 'v', value_name = "PATH=NAME[:ro]", value_parser = parse_volume)]
+    pub volumes: Vec<(String, dsec_wire::api::VolumeMount)>,
     /// Print the whole sandbox as JSON instead of its id.
     #[arg(long)]
     pub json: bool,
+}
+
+/// `PATH=NAME[:ro]` of `--volume`.
+fn parse_volume(s: &str) -> Result<(String, dsec_wire::api::VolumeMount), String> {
+    let (path, name) = s
+        .split_once('=')
+        .ok_or_else(|| format!("--volume {s:?}: give PATH=NAME or PATH=NAME:ro"))?;
+    let (name, read_only) = match name.strip_suffix(":ro") {
+        Some(n) => (n, true),
+        None => (name.strip_suffix(":rw").unwrap_or(name), false),
+    };
+    let mount = dsec_wire::api::VolumeMount::Spec(dsec_wire::api::VolumeMountSpec {
+        name: name.to_string(),
+        read_only,
+    });
+    Ok((path.to_string(), mount))
 }
 
 pub async fn run(c: &Client, a: RunArgs) -> anyhow::Result<()> {
@@ -69,6 +89,7 @@ pub async fn run(c: &Client, a: RunArgs) -> anyhow::Result<()> {
         },
         env: a.env.into_iter().collect::<BTreeMap<_, _>>(),
         labels: a.labels.into_iter().collect::<BTreeMap<_, _>>(),
+        volumes: a.volumes.into_iter().collect(),
         ..Default::default()
     };
     if let Some(w) = a.wait_s {

@@ -17,6 +17,7 @@ mod status;
 mod templates;
 mod trajectory;
 mod tty;
+mod volumes;
 
 use std::sync::Arc;
 
@@ -122,6 +123,11 @@ pub fn router(mgr: Arc<Manager>, token: &str) -> Router {
                 .post(images::action),
         )
         .route("/edge/v1/status", get(status::status))
+        .route("/edge/v1/volumes", get(volumes::list).post(volumes::create))
+        .route(
+            "/edge/v1/volumes/{id}",
+            get(volumes::get).delete(volumes::delete),
+        )
         .route(
             "/edge/v1/microvm/templates",
             get(templates::list).delete(templates::remove),

@@ -5,8 +5,9 @@
 //! **Owns** the wait: bounded in time (the request's `wait_s`, else [`DEFAULT_WAIT`], never
 //! more than [`MAX_WAIT`]) and in size ([`MAX_WAITING`] creates at once). A create that would
 //! not fit even once every starting sandbox is running and idle (a real lack of capacity: the
-//! sandbox count, the overcommit ratio, the LS floor, memory or CPU really in use) is refused
-//! at once, naming the resource and what to ask for instead. **Must not** change the admission
+//! sandbox count, the overcommit ratio, the LS floor, memory really in use) is refused at once,
+//! naming the resource and what to ask for instead. CPU in use is compressible and changes from
+//! moment to moment: a best-effort create it refuses waits (up to the bound) too. **Must not** change the admission
 //! rules themselves (`dsec_node::qos::admission`).
 
 use std::sync::atomic::Ordering;
@@ -19,10 +20,10 @@ use crate::error::EdgeError;
 use super::{Manager, Validated};
 
 /// How long a create waits for starting sandboxes when its request sets no `wait_s`.
-pub const DEFAULT_WAIT: Duration = Duration::from_secs(60);
+pub const DEFAULT_WAIT: Duration = Duration::from_secs(100);
 /// Longest wait at the edge (the apiserver's queue holds longer waits; its forward of a create
 /// gives up after 120 s).
-pub const MAX_WAIT: Duration = Duration::from_secs(90);
+pub const MAX_WAIT: Duration = Duration::from_secs(110);
 /// Most creates waiting at once on one node.
 pub const MAX_WAITING: usize = 4096;
 /// Re-check period while waiting (a wake-up between a check and the wait is not kept).
@@ -153,6 +154,10 @@ mod tests {
         assert_eq!(wait_bound(None), DEFAULT_WAIT);
         assert_eq!(wait_bound(Some(5.0)), Duration::from_secs(5));
         assert_eq!(wait_bound(Some(1e9)), MAX_WAIT);
+        assert!(
+            MAX_WAIT < Duration::from_secs(120),
+            "the apiserver's forward gives up at 120 s"
+        );
         assert_eq!(wait_bound(Some(0.0)), Duration::ZERO);
     }
 }

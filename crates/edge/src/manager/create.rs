@@ -39,6 +39,7 @@ impl Manager {
         }
         let v = validate_create(&self.cfg, &self.substrates, &req)?;
         crate::ports::validate_public_ports(&req.public_ports)?;
+        crate::volumes::validate_mounts(&req.volumes)?;
         let id = make_sandbox_id(&self.cfg.node_id, rand::random());
         // Waits (bounded) while only sandboxes still starting stand in the way (issue 22).
         let bound = super::admission_queue::wait_bound(req.wait_s);
@@ -212,6 +213,12 @@ impl Manager {
     ) -> Result<Arc<Entry>, EdgeError> {
         let driver = self.substrates.get(req.substrate)?;
         let caps = driver.capabilities();
+        if !req.volumes.is_empty() && !caps.volume_binds {
+            return Err(EdgeError::Unsupported(format!(
+                "volumes cannot be mounted into {} sandboxes yet (the volume's ext4 image would have to be attached as a virtio-blk disk and mounted by the guest's init); use a container for sandboxes with volumes",
+                self.substrates.label(req.substrate)
+            )));
+        }
         // A full VM boots a disk image, not the layer store's image: no lease.
         let vm_disk = match caps.image_source {
             ImageSource::DiskImage => Some(
@@ -310,7 +317,31 @@ impl Manager {
                 Ok(())
             });
         }
+        // Volumes: mounted on the host (once per volume), bound in by the substrate.
+        let binds = if req.volumes.is_empty() {
+            Vec::new()
+        } else {
+            let (vols, sid, mounts) = (self.volumes.clone(), id.to_string(), req.volumes.clone());
+            let resolved = tokio::task::spawn_blocking(move || vols.acquire(&sid, &mounts))
+                .await
+                .map_err(|e| EdgeError::Internal(format!("mount volumes: {e}")))??;
+            let (vols, sid) = (self.volumes.clone(), id.to_string());
+            rb.push("release the volumes", move || async move {
+                tokio::task::spawn_blocking(move || vols.release(&sid))
+                    .await
+                    .map_err(Into::into)
+            });
+            resolved
+                .into_iter()
+                .map(|r| dsec_runtime::substrate::BindMount {
+                    source: r.source,
+                    target: r.target,
+                    read_only: r.read_only,
+                })
+                .collect()
+        };
         let spec = SandboxSpec {
+            binds,
             id: id.to_string(),
             hostname: info.hostname.clone(),
             lowers,

@@ -196,6 +196,8 @@ pub struct Manager {
     qos: Arc<dsec_node::qos::Qos>,
     /// `cfg` as admission sees it: see [`Manager::admission_cfg`].
     admission_cfg: Mutex<(Option<Instant>, Arc<EdgeConfig>)>,
+    /// This node's named volumes and which sandboxes mount them.
+    volumes: Arc<crate::volumes::Volumes>,
 }
 
 impl Manager {
@@ -210,7 +212,9 @@ impl Manager {
             cfg.trajectory.clone(),
             cfg.edge_dir().join("trajectories"),
         ));
+        let volumes = Arc::new(crate::volumes::Volumes::new(cfg.edge_dir().join("volumes")));
         Self {
+            volumes,
             traj,
             net: dsec_network::Network::new(cfg.network.clone()),
             admission_cfg: Mutex::new((None, cfg.clone())),
@@ -246,6 +250,11 @@ impl Manager {
             "{} templates are off on this node",
             self.substrates.label(kind)
         ))
+    }
+
+    /// This node's volumes.
+    pub fn volumes(&self) -> &Arc<crate::volumes::Volumes> {
+        &self.volumes
     }
 
     pub fn config(&self) -> &EdgeConfig {

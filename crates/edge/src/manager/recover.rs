@@ -113,6 +113,12 @@ impl Manager {
             by_substrate.extend(s.reap_orphans(adopted.clone()).await);
         }
         crate::network::recover(&self.net, &self.cfg, &adopted).await;
+        {
+            let (vols, adopted) = (self.volumes.clone(), adopted.clone());
+            if let Err(e) = tokio::task::spawn_blocking(move || vols.recover(&adopted)).await {
+                tracing::error!(error = %e, "recover volumes");
+            }
+        }
         for id in by_substrate {
             tracing::warn!(sandbox = %id, "substrate reaped leftovers");
             if !reaped.contains(&id) {

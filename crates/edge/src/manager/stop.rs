@@ -59,6 +59,12 @@ impl Manager {
         let dir = moved.clone().unwrap_or_else(|| entry.dir.clone());
         let destroyed = t0.elapsed();
         crate::network::release(&self.net, &entry.id, &dir).await;
+        {
+            let (vols, id) = (self.volumes.clone(), entry.id.clone());
+            if let Err(e) = tokio::task::spawn_blocking(move || vols.release(&id)).await {
+                problems.push(format!("release volumes: {e}"));
+            }
+        }
         drop(lock(&entry.lease).take());
         let released = t0.elapsed();
         let removed = match moved {
@@ -172,6 +178,7 @@ impl Manager {
             s.shutdown().await;
         }
         self.net.shutdown().await;
+        self.volumes.unmount_all();
         if !records::flush_retired(std::time::Duration::from_secs(30)).await {
             tracing::error!("directories of ended sandboxes still being removed at shutdown");
         }

@@ -385,7 +385,10 @@ mod tests {
             ..Default::default()
         };
         let e = check(BE, Amount::new(64.0, 1.0), &p, &full).unwrap_err();
-        assert!(e.to_string().contains("cpu_cores_limit=0.50 or less fits"), "{e}");
+        assert!(
+            e.to_string().contains("cpu_cores_limit=0.50 or less fits"),
+            "{e}"
+        );
         // 20 starting best-effort sandboxes hold 2 cores of reservations: the 21st waits
         // (the refusal is transient: settled, the same request fits).
         let starting = Snapshot {
@@ -395,13 +398,25 @@ mod tests {
         };
         let e = check(BE, Amount::new(64.0, 0.1), &p, &starting).unwrap_err();
         assert_eq!(e.resource, "cpu");
-        check(BE, Amount::new(64.0, 0.1), &p, &starting.settled(Amount::default())).unwrap();
+        check(
+            BE,
+            Amount::new(64.0, 0.1),
+            &p,
+            &starting.settled(Amount::default()),
+        )
+        .unwrap();
         // Measured, really busy CPU stays a refusal when settled.
         let busy = Snapshot {
             used: Amount::new(0.0, 1.95),
             ..Default::default()
         };
-        assert!(check(BE, Amount::new(64.0, 0.1), &p, &busy.settled(Amount::default())).is_err());
+        assert!(check(
+            BE,
+            Amount::new(64.0, 0.1),
+            &p,
+            &busy.settled(Amount::default())
+        )
+        .is_err());
     }
 
     #[test]

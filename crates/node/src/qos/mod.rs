@@ -137,8 +137,6 @@ struct Booked {
     used: Option<Amount>,
     /// Last CPU counter (ns) and when it was read.
     cpu_mark: Option<(u64, Instant)>,
-    /// When it started running (its first CPU rate is taken since then).
-    started_at: Option<Instant>,
 }
 
 /// Time constant of the CPU use admission reads: a measured rate is smoothed over about this
@@ -283,9 +281,11 @@ impl Qos {
         let policy = self.policy(node);
         let (snap, unmeasured) = self.snapshot_parts(&books);
         admission::check(class, req, &policy, &snap).map_err(|mut r| {
-            // Only starting or unmeasured sandboxes in the way: it fits once they settle.
-            r.transient =
-                admission::check(class, req, &policy, &snap.settled(unmeasured)).is_ok();
+            // Only starting or unmeasured sandboxes in the way: it fits once they settle. CPU
+            // in use is compressible and changes from moment to moment (best-effort tasks are
+            // SCHED_IDLE): waiting for it is worth it too, up to the request's wait bound.
+            r.transient = admission::check(class, req, &policy, &snap.settled(unmeasured)).is_ok()
+                || (r.resource == "cpu" && r.rule.starts_with("measured usage"));
             r
         })?;
         books.insert(
@@ -296,7 +296,6 @@ impl Qos {
                 starting: true,
                 used: None,
                 cpu_mark: None,
-                started_at: None,
             },
         );
         Ok(())
@@ -306,7 +305,6 @@ impl Qos {
     pub fn started(&self, id: &str) {
         if let Some(b) = lock(&self.books).get_mut(id) {
             b.starting = false;
-            b.started_at = Some(Instant::now());
         }
         self.freed.notify_waiters();
         self.sample_soon.notify_one();
@@ -335,7 +333,6 @@ impl Qos {
                 starting: false,
                 used: None,
                 cpu_mark: None,
-                started_at: None,
             },
         );
     }
@@ -401,21 +398,19 @@ impl Qos {
                 used.memory_mb = m as f64 / (1024.0 * 1024.0);
             }
             if let Some(ns) = cpu_ns {
-                // The rate since the last sample, or since the start for the first one.
-                let since = b.cpu_mark.or(b.started_at.map(|t| (0, t)));
-                if let Some((prev, t0)) = since {
-                    let dt = at.duration_since(t0).as_secs_f64();
-                    if dt > 0.0 {
-                        let rate = ns.saturating_sub(prev) as f64 / 1e9 / dt;
-                        // Smoothed (exponentially, over ~CPU_SMOOTHING) once there is a
-                        // measured figure to smooth.
-                        used.cpu = match (b.used, b.cpu_mark) {
-                            (Some(old), Some(_)) => {
-                                let a = 1.0 - (-dt / CPU_SMOOTHING.as_secs_f64()).exp();
-                                old.cpu + a * (rate - old.cpu)
-                            }
-                            _ => rate,
-                        };
+                match b.cpu_mark {
+                    // First sample: the CPU it used so far is its start (aether, the first
+                    // shell), not what it will use: it counts as idle until the next sample
+                    // measures a rate.
+                    None => used.cpu = 0.0,
+                    Some((prev, t0)) => {
+                        let dt = at.duration_since(t0).as_secs_f64();
+                        if dt > 0.0 {
+                            let rate = ns.saturating_sub(prev) as f64 / 1e9 / dt;
+                            // Smoothed exponentially over ~CPU_SMOOTHING.
+                            let a = 1.0 - (-dt / CPU_SMOOTHING.as_secs_f64()).exp();
+                            used.cpu += a * (rate - used.cpu);
+                        }
                     }
                 }
                 b.cpu_mark = Some((ns, at));

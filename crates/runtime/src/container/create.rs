@@ -141,6 +141,17 @@ impl ContainerSubstrate {
             shm_mb: self.config.shm_mb,
             reattach_grace_ms: self.reattach_grace_ms,
             protected_paths: spec.protected_paths.clone(),
+            binds: spec
+                .binds
+                .iter()
+                .map(|b| {
+                    Ok(dsec_wire::aether::BindSetup {
+                        source: s(&b.source)?,
+                        target: b.target.clone(),
+                        read_only: b.read_only,
+                    })
+                })
+                .collect::<Result<_, CreateSandboxError>>()?,
         })
     }
 

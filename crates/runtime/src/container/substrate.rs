@@ -24,6 +24,7 @@ pub const CAPABILITIES: Capabilities = Capabilities {
     early_teardown: true,
     cgroup_reclaim: true,
     ports_in_netns: true,
+    volume_binds: true,
 };
 
 /// The container substrate of an edge (see [`ContainerDriver::open`]).

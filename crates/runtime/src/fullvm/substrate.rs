@@ -32,6 +32,7 @@ pub const CAPABILITIES: Capabilities = Capabilities {
     early_teardown: false,
     cgroup_reclaim: false,
     ports_in_netns: false,
+    volume_binds: false,
 };
 
 /// Checks a VM image name: 1-64 of `[A-Za-z0-9._-]`, not starting with `.` or `-`.

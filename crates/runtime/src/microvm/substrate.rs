@@ -28,6 +28,7 @@ pub const CAPABILITIES: Capabilities = Capabilities {
     early_teardown: false,
     cgroup_reclaim: false,
     ports_in_netns: false,
+    volume_binds: false,
 };
 
 /// The microVM substrate of an edge.

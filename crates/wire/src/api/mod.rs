@@ -41,6 +41,7 @@
 //! | PUT | `/v1/images/{name}` | a tar stream (`content-type: application/x-tar`, gzip accepted) | 201 [`ImageInfo`] |
 //! | DELETE | `/v1/images/{name}` | | 204 |
 //! | GET | `/v1/nodes` | | [`NodeList`] |
+//! | POST, GET, DELETE | `/v1/volumes`, `/v1/volumes/{name}` | see [`VolumeInfo`] | |
 //! | GET | `/openapi.json`, `/healthz`, `/metrics` | | unauthenticated |
 //!
 //! The edge serves the same sandbox, image and node-status routes under `/edge/v1`
@@ -62,6 +63,7 @@ mod process;
 mod queue;
 mod snapshot;
 mod trajectory;
+mod volume;
 mod watch;
 
 pub use end_reason::*;
@@ -79,6 +81,7 @@ pub use process::*;
 pub use queue::*;
 pub use snapshot::*;
 pub use trajectory::*;
+pub use volume::*;
 pub use watch::*;
 
 use std::collections::BTreeMap;
@@ -184,6 +187,12 @@ pub struct CreateSandboxRequest {
     /// waits only for its own starting sandboxes (up to its `admission_wait_ms`).
     #[serde(default)]
     pub wait_s: Option<f64>,
+
+    /// Volumes to mount: sandbox path → volume name (read-write) or `{"name", "read_only"}`
+    /// (see [`VolumeMount`]). The apiserver resolves names in the sandbox's project and sends
+    /// the node's volume ids on.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub volumes: BTreeMap<String, VolumeMount>,
 }
 
 /// Quality-of-service class of a sandbox (DESIGN.md §7).
