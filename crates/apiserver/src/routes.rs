@@ -175,11 +175,17 @@ pub fn router(state: AppState) -> Router {
         .merge(v1)
         .merge(public_routes().router)
         .merge(crate::ports::router())
+        // E2B-compatible API (issue 19).
+        .merge(crate::compat::e2b::router(state.clone()))
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
         .layer(middleware::from_fn_with_state(
             state.clone(),
             crate::ports::by_host,
+        ))
+        .layer(middleware::from_fn_with_state(
+            state.clone(),
+            crate::compat::e2b::by_host,
         ))
         .layer(middleware::from_fn_with_state(state.clone(), observe))
         .with_state(state)

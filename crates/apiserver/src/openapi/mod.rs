@@ -7,6 +7,7 @@
 //! [`crate::routes::public_routes`] register; the tests below fail when a registered route, a
 //! wire field or an error code is missing from the document.
 
+mod e2b;
 mod paths;
 mod ports;
 mod processes;
@@ -39,6 +40,7 @@ pub const EDGE_PASS_THROUGH: &[(&str, &str)] = &[
     ("post", "/v1/sandboxes/{id}/files/rename"),
     ("get", "/v1/sandboxes/{id}/watch"),
     ("get", "/v1/sandboxes/{id}/metrics"),
+    ("put", "/v1/sandboxes/{id}/ttl"),
 ];
 
 #[derive(OpenApi)]
@@ -118,6 +120,9 @@ pub const EDGE_PASS_THROUGH: &[(&str, &str)] = &[
         processes::rename_file,
         processes::watch_files,
         processes::sandbox_metrics,
+        e2b::update_ttl,
+        e2b::e2b_create_sandbox,
+        e2b::e2b_list_sandboxes,
     ),
     components(schemas(
         dsec_wire::api::EndReason,
@@ -138,6 +143,7 @@ pub const EDGE_PASS_THROUGH: &[(&str, &str)] = &[
         (name = "cluster", description = "Nodes and the cluster view"),
         (name = "iam", description = "Projects, quotas and API keys (admin)"),
         (name = "jobs", description = "Operations on every sandbox of a job (by labels)"),
+        (name = "e2b", description = "The E2B-compatible API under /e2b (issue 19)"),
         (name = "functions", description = "Function calls on pre-warmed workers"),
         (name = "ports", description = "Exposed ports: reach a server inside a sandbox"),
         (name = "service", description = "Unauthenticated service routes"),

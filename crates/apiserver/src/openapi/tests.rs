@@ -54,6 +54,9 @@ fn every_registered_route_is_described_and_nothing_else() {
             openapi_path(crate::ports::PROXY_ROUTES[2]),
         ));
     }
+    for (method, path) in crate::compat::e2b::DOCUMENTED {
+        expected.insert((method.to_string(), path.to_string()));
+    }
     for (method, path) in EDGE_PASS_THROUGH {
         assert!(
             path.starts_with("/v1/sandboxes/{id}/"),
