@@ -89,6 +89,8 @@ pub struct ApiConfig {
     /// Secret that signs port URL tokens; every apiserver replica must share it. Unset: a
     /// random one per process (tokens then stop working when it restarts).
     pub port_url_secret: Option<String>,
+    /// `[apiserver.e2b]`: the size of sandboxes created through the E2B API.
+    pub e2b: crate::compat::e2b::config::E2bConfig,
 }
 
 impl Default for ApiConfig {
@@ -107,6 +109,7 @@ impl Default for ApiConfig {
             node_lost_after_ms: 60_000,
             sandbox_domain: None,
             port_url_secret: None,
+            e2b: Default::default(),
         }
     }
 }
@@ -166,6 +169,12 @@ impl ApiConfig {
             return Err(ConfigError::Invalid {
                 key: "port_url_secret".into(),
                 message: "must be at least 16 characters".into(),
+            });
+        }
+        if let Some((key, message)) = self.e2b.invalid() {
+            return Err(ConfigError::Invalid {
+                key: key.into(),
+                message,
             });
         }
         if self.db_path.as_os_str().is_empty() {

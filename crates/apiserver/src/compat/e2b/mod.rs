@@ -19,6 +19,7 @@
 //!   `e2b-traffic-access-token` header, [`access::traffic_token`], or a dsec key opens them).
 
 pub mod access;
+pub mod config;
 pub mod envd;
 pub mod rest;
 mod time;
@@ -49,10 +50,8 @@ pub const TRAFFIC_TOKEN_HEADER: &str = "e2b-traffic-access-token";
 
 /// The E2B operations the OpenAPI document describes (the entry points; the rest follows
 /// E2B's own description).
-pub const DOCUMENTED: &[(&str, &str)] = &[
-    ("post", "/e2b/v2/sandboxes"),
-    ("get", "/e2b/v2/sandboxes"),
-];
+pub const DOCUMENTED: &[(&str, &str)] =
+    &[("post", "/e2b/v2/sandboxes"), ("get", "/e2b/v2/sandboxes")];
 
 /// The `/e2b` routes, merged beside `/v1`.
 pub fn router(state: AppState) -> Router<AppState> {

@@ -149,6 +149,7 @@ pub fn network_of(
 pub fn create_request(
     body: &[u8],
     idempotency_key: Option<String>,
+    size: &crate::compat::e2b::config::E2bConfig,
 ) -> Result<(CreateSandboxRequest, BTreeMap<String, String>), E2bError> {
     let req: NewSandbox = serde_json::from_slice(body).map_err(|e| {
         E2bError::bad_request(format!(
@@ -206,6 +207,8 @@ pub fn create_request(
     labels.insert(LABEL_PUBLIC_TRAFFIC.to_string(), public.to_string());
     let native = CreateSandboxRequest {
         image: template,
+        cpu_cores_limit: size.cpu_cores,
+        memory_limit_mb: size.memory_mb,
         ttl_running_stop: Some(timeout),
         ttl_action: Some(if req.auto_pause.unwrap_or(false) {
             TtlAction::Pause
@@ -267,7 +270,7 @@ pub async fn create(
         .get("idempotency-key")
         .and_then(|v| v.to_str().ok())
         .map(str::to_string);
-    let (req, labels) = create_request(&body, key)?;
+    let (req, labels) = create_request(&body, key, &st.config.e2b)?;
     let info = create_native(&st, &principal, req, labels).await?;
     Ok((StatusCode::CREATED, Json(created(&st, &info))).into_response())
 }
@@ -472,6 +475,7 @@ mod tests {
         let (r, labels) = create_request(
             br#"{"templateID":"base","timeout":60,"autoPause":true,"metadata":{"job":"j1"},"envVars":{"A":"1"},"allow_internet_access":false}"#,
             Some("k1".into()),
+            &Default::default(),
         )
         .unwrap();
         assert_eq!(r.image, "base");
@@ -486,12 +490,19 @@ mod tests {
             labels.get(LABEL_INTERNET).map(String::as_str),
             Some("false")
         );
-        let (r, _) = create_request(br#"{"templateID":"base"}"#, None).unwrap();
+        let size = crate::compat::e2b::config::E2bConfig {
+            cpu_cores: Some(0.25),
+            memory_mb: Some(256),
+        };
+        let (r, _) = create_request(br#"{"templateID":"base"}"#, None, &size).unwrap();
+        assert_eq!(r.cpu_cores_limit, Some(0.25));
+        assert_eq!(r.memory_limit_mb, Some(256));
         assert_eq!(r.ttl_running_stop, Some(DEFAULT_TIMEOUT_S));
         assert_eq!(r.network.unwrap().mode, Some(NetworkMode::Open));
         let (r, _) = create_request(
             br#"{"templateID":"base","network":{"allowOut":["10.0.0.0/8"],"denyOut":["0.0.0.0/0"]}}"#,
             None,
+            &Default::default(),
         )
         .unwrap();
         let n = r.network.unwrap();
@@ -506,7 +517,7 @@ mod tests {
             br#"{"templateID":"base","network":{"allowOut":["pypi.test"],"denyOut":["0.0.0.0/0"]}}"#,
             br#"not json"#,
         ] {
-            let e = create_request(bad, None).unwrap_err();
+            let e = create_request(bad, None, &Default::default()).unwrap_err();
             assert_eq!(e.status, 400, "{}", String::from_utf8_lossy(bad));
         }
     }

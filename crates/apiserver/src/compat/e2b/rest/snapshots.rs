@@ -167,7 +167,7 @@ pub async fn fork(
         })?
     };
     let count = b.count.unwrap_or(1);
-    if count < 1 || count > i64::from(MAX_FORK) {
+    if !(1..=i64::from(MAX_FORK)).contains(&count) {
         return Err(E2bError::bad_request(format!(
             "count must be 1..={MAX_FORK} (got {count})"
         )));
