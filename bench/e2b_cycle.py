@@ -12,11 +12,11 @@ With `--no-commands` the cycle is create + get_info + kill (the control plane al
 while the envd API is not in the build).
 
     DSEC_API_URL=http://127.0.0.1:7480 DSEC_API_KEY=dsk_... \\
-        python3 bench/e2b.py [--n 30] [--warmup 3] [--no-commands]
+        python3 bench/e2b_cycle.py [--n 30] [--warmup 3] [--no-commands]
 
 Needs a running dsec with the `base` template (scripts/images/build-e2b-base.sh, then
 `dsec image import e2b-base --tar ...` and `dsec image alias base e2b-base`). Prints p50/p99
-per case and the ratio e2b/dsec (target <= 1.3x); writes bench/results/e2b.json.
+per case and the ratio e2b/dsec (target <= 1.3x); writes bench/results/e2b_cycle.json.
 """
 
 import argparse
@@ -84,7 +84,7 @@ def main():
     print_table(rows, ref=rows[0])
     ratio = rows[1]["p50_ms"] / rows[0]["p50_ms"]
     print(f"ratio e2b/dsec p50: {ratio:.2f}x, p99: {rows[1]['p99_ms'] / rows[0]['p99_ms']:.2f}x")
-    write_results("e2b", {"rows": rows, "ratio_p50": ratio, "commands": not args.no_commands})
+    write_results("e2b_cycle", {"rows": rows, "ratio_p50": ratio, "commands": not args.no_commands})
     client.close()
 
 
