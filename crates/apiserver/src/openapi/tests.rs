@@ -444,6 +444,18 @@ fn samples() -> BTreeMap<&'static str, Vec<Value>> {
     add("PackDiffRequest", ser(PackDiffRequest::default()));
     add(
         "ImageActionRequest",
+        ser(ImageActionRequest::Alias { target: "t".into() }),
+    );
+    add(
+        "TtlUpdate",
+        ser(TtlUpdate {
+            ttl_running_stop: Some(1),
+            ttl_total: Some(2),
+            ttl_action: Some(TtlAction::Pause),
+        }),
+    );
+    add(
+        "ImageActionRequest",
         ser(ImageActionRequest::Fold {
             max_layer_bytes: Some(1),
             into: some_s(),
