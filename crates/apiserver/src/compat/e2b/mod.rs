@@ -174,13 +174,13 @@ async fn dispatch(State(st): State<AppState>, req: Request, next: Next) -> Respo
     let port = header_str(req.headers(), SANDBOX_PORT_HEADER).map(str::to_string);
     let req = match strip_prefix(req) {
         Ok(r) => r,
-        Err(resp) => return resp,
+        Err(e) => return e.into_response(),
     };
     to_sandbox(&st, &id, port.as_deref(), req).await
 }
 
 /// The request with `/e2b` taken off its path.
-fn strip_prefix(mut req: Request) -> Result<Request, Response> {
+fn strip_prefix(mut req: Request) -> Result<Request, E2bError> {
     let pq = req
         .uri()
         .path_and_query()
@@ -197,7 +197,7 @@ fn strip_prefix(mut req: Request) -> Result<Request, Response> {
             *req.uri_mut() = u;
             Ok(req)
         }
-        Err(e) => Err(E2bError::bad_request(format!("path {rest:?}: {e}")).into_response()),
+        Err(e) => Err(E2bError::bad_request(format!("path {rest:?}: {e}"))),
     }
 }
 

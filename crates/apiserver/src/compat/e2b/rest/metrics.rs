@@ -129,11 +129,11 @@ pub async fn logs_v2(
 }
 
 async fn log_lines(st: &AppState, id: &str) -> Result<(Vec<Value>, Vec<Value>), E2bError> {
-    let (status, bytes) = edge_raw(st, Method::GET, &id, "/trajectory", None)
+    let (status, bytes) = edge_raw(st, Method::GET, id, "/trajectory", None)
         .await
-        .map_err(|e| not_found_as(e, &id))?;
+        .map_err(|e| not_found_as(e, id))?;
     if !status.is_success() {
-        return Err(not_found_as(E2bError::from_dsec(status, &bytes), &id));
+        return Err(not_found_as(E2bError::from_dsec(status, &bytes), id));
     }
     if status == StatusCode::NO_CONTENT {
         return Ok((Vec::new(), Vec::new()));
