@@ -76,6 +76,22 @@ if [[ "$("$PY" -c 'from importlib.metadata import version; print(version("sandbo
         || "$PY" -m pip install -q --break-system-packages "sandbox-fusion==$SANDBOX_FUSION_VERSION"
 fi
 
+# The e2b SDK, unmodified, drives tests/test_e2b_api.py (dsec's E2B-compatible API): pinned.
+E2B_VERSION=2.63.0
+if [[ "$("$PY" -c 'from importlib.metadata import version; print(version("e2b"))' 2>/dev/null)" != "$E2B_VERSION" ]]; then
+    echo "[dsec] installing e2b $E2B_VERSION"
+    "$PY" -m pip install -q "e2b==$E2B_VERSION" 2>/dev/null \
+        || "$PY" -m pip install -q --break-system-packages "e2b==$E2B_VERSION"
+fi
+# ... and its JavaScript SDK (tests/e2b_js, run with the machine's Node.js), from its lock file.
+E2B_JS="$(cd "$(dirname "$0")/.." && pwd)/tests/e2b_js"
+if command -v npm >/dev/null 2>&1 && [[ -f "$E2B_JS/package-lock.json" ]] \
+        && [[ ! -d "$E2B_JS/node_modules/e2b" ]]; then
+    echo "[dsec] installing the e2b JavaScript SDK (npm ci in tests/e2b_js)"
+    (cd "$E2B_JS" && npm ci --no-audit --no-fund --silent) \
+        || echo "[dsec] npm ci in tests/e2b_js failed: the JavaScript E2B test will skip"
+fi
+
 # Checks of the deployment files (tests/test_deploy.py): pinned, like the Kubernetes version
 # the manifests are validated against.
 DEPLOY_TOOLS=(yamllint==1.38.0 kubernetes-validate==1.37.0)

@@ -8,6 +8,7 @@ cd "$(dirname "$0")/.."
 bash scripts/install-deps.sh
 bash scripts/build.sh
 bash scripts/images/build-debian.sh
+bash scripts/images/build-e2b-base.sh   # E2B's `base` template (tests/test_e2b_api.py; cached)
 # toolkits of the languages tests/test_sandboxfusion.py runs (cached; ~40 min for all on a
 # loaded 2-core machine, seconds once built; a test whose toolkit is absent skips)
 bash scripts/images/build-function-toolkits.sh fn-python fn-gxx fn-java fn-go fn-node fn-rust \

@@ -77,6 +77,9 @@ veth_prefix = "z{_b36(_P)}"  # no host interface starts with z
 gateway_interface = "dsg{_P}"
 [apiserver]
 sandbox_domain = "sbx.dsec.test"  # exposed ports by host name (test_ports.py)
+[apiserver.e2b]
+cpu_cores = 0.25  # sandboxes made through the E2B API (test_e2b_api.py makes 64 at once)
+memory_mb = 256
 """
 
 

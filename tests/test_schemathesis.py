@@ -87,7 +87,9 @@ def run(exe: str, up: DsecUp, key: str, examples: int) -> List[dict]:
             "--exclude-path-regex", EXCLUDE_PATH_REGEX]
     for method, path in EXCLUDE_OPS:
         argv += ["--exclude-operation-id", op_id(up, method, path)]
-    r = subprocess.run(argv, capture_output=True, text=True, timeout=600, env=dict(os.environ, NO_COLOR="1"))
+    # In the temp dir: schemathesis keeps a cache in its working directory.
+    r = subprocess.run(argv, capture_output=True, text=True, timeout=600, cwd=out,
+                       env=dict(os.environ, NO_COLOR="1"))
     try:
         with open(har) as f:
             entries = json.load(f)["log"]["entries"]

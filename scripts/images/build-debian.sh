@@ -18,13 +18,16 @@
 #   DSEC_MIRROR      override the mirror URI (default: from apt sources)
 #   DSEC_INCLUDE     extra packages (default python3,git,gcc,libc6-dev)
 #   DSEC_APT_DIR     where to read apt sources from (default /etc/apt)
+#   DSEC_OUT         output tarball (default $DSEC_CACHE/debian-$DSEC_SUITE.tar)
+#   DSEC_POST_HOOK   a script run with the root filesystem's path before it is archived
+#                    (scripts/images/build-e2b-base.sh uses both)
 set -euo pipefail
 
 CACHE="${DSEC_CACHE:-/var/cache/dsec}"
 SUITE="${DSEC_SUITE:-bookworm}"
 INCLUDE="${DSEC_INCLUDE:-python3,git,gcc,libc6-dev}"
-OUT="$CACHE/debian-$SUITE.tar"
-WORK="$CACHE/debian-$SUITE.build"
+OUT="${DSEC_OUT:-$CACHE/debian-$SUITE.tar}"
+WORK="${OUT%.tar}.build"
 DEBS="$CACHE/debs-$SUITE"
 APT_DIR="${DSEC_APT_DIR:-/etc/apt}"
 
@@ -166,6 +169,11 @@ rm -f "$R/etc/resolv.conf"
 rm -rf "$R"/var/cache/apt/archives/*.deb "$R"/var/cache/apt/*.bin "$R"/var/lib/apt/lists/*
 mkdir -p "$R/var/lib/apt/lists/partial"
 rm -rf "$R"/tmp/* "$R"/var/tmp/* "$R"/var/log/*.log 2>/dev/null || true
+
+if [[ -n "${DSEC_POST_HOOK:-}" ]]; then
+    log "running $DSEC_POST_HOOK on the root filesystem"
+    bash "$DSEC_POST_HOOK" "$R" || die "$DSEC_POST_HOOK failed"
+fi
 
 log "writing tarball"
 TMP="$OUT.tmp.$$"

@@ -99,6 +99,9 @@ pub struct ApiConfig {
     pub heartbeat_timeout_ms: u64,
     /// How often membership rows are re-read and node states judged, ms.
     pub membership_sync_ms: u64,
+
+    /// `[apiserver.e2b]`: the size of sandboxes created through the E2B API.
+    pub e2b: crate::compat::e2b::config::E2bConfig,
 }
 
 impl Default for ApiConfig {
@@ -121,6 +124,8 @@ impl Default for ApiConfig {
             heartbeat_period_ms: 1000,
             heartbeat_timeout_ms: 5000,
             membership_sync_ms: 500,
+
+            e2b: Default::default(),
         }
     }
 }
@@ -208,6 +213,12 @@ impl ApiConfig {
             return Err(ConfigError::Invalid {
                 key: "port_url_secret".into(),
                 message: "must be at least 16 characters".into(),
+            });
+        }
+        if let Some((key, message)) = self.e2b.invalid() {
+            return Err(ConfigError::Invalid {
+                key: key.into(),
+                message,
             });
         }
         if self.db_path.as_os_str().is_empty() {

@@ -231,6 +231,8 @@ async fn authorize(
             st.verifier.verify(Some(k)).await?;
             Ok(Access::Key)
         }
+        // A sandbox made through the E2B API has public ports unless it said otherwise.
+        _ if crate::compat::e2b::traffic::allows(st, id, headers).await => Ok(Access::Token),
         _ => Ok(Access::PublicOnly),
     }
 }
@@ -249,6 +251,15 @@ async fn by_path(State(st): State<AppState>, req: Request) -> Response {
     };
     let rest = if rest.is_empty() { "/" } else { rest };
     proxy(&st, id, port, rest, req)
+        .await
+        .unwrap_or_else(IntoResponse::into_response)
+}
+
+/// A request for `port` of sandbox `id` with its path as the sandbox should see it (the E2B
+/// API's `E2b-Sandbox-Port` form).
+pub async fn proxy_request(st: &AppState, id: &str, port: &str, req: Request) -> Response {
+    let path = req.uri().path().to_string();
+    proxy(st, id, port, &path, req)
         .await
         .unwrap_or_else(IntoResponse::into_response)
 }

@@ -220,6 +220,10 @@ pub fn router(state: AppState) -> Router {
             state.clone(),
             crate::ports::by_host,
         ))
+        .layer(middleware::from_fn_with_state(
+            state.clone(),
+            crate::compat::e2b::by_host,
+        ))
         .layer(middleware::from_fn_with_state(state.clone(), observe))
         .with_state(state)
 }

@@ -622,6 +622,7 @@ async fn openapi_lists_every_route() {
         assert!(
             p.starts_with("/v1/")
                 || p.starts_with("/sandboxfusion/")
+                || p.starts_with("/e2b/")
                 || expect.iter().any(|(e, _)| e == p),
             "unexpected path {p}"
         );

@@ -10,6 +10,8 @@
 mod membership;
 
 mod batches;
+
+mod e2b;
 mod paths;
 mod ports;
 mod processes;
@@ -43,6 +45,7 @@ pub const EDGE_PASS_THROUGH: &[(&str, &str)] = &[
     ("post", "/v1/sandboxes/{id}/files/rename"),
     ("get", "/v1/sandboxes/{id}/watch"),
     ("get", "/v1/sandboxes/{id}/metrics"),
+    ("put", "/v1/sandboxes/{id}/ttl"),
 ];
 
 #[derive(OpenApi)]
@@ -135,6 +138,10 @@ pub const EDGE_PASS_THROUGH: &[(&str, &str)] = &[
         volumes::list_volumes,
         volumes::get_volume,
         volumes::delete_volume,
+
+        e2b::update_ttl,
+        e2b::e2b_create_sandbox,
+        e2b::e2b_list_sandboxes,
     ),
     components(schemas(
         dsec_wire::api::EndReason,
@@ -157,6 +164,8 @@ pub const EDGE_PASS_THROUGH: &[(&str, &str)] = &[
         (name = "iam", description = "Projects, quotas and API keys (admin)"),
         (name = "jobs", description = "Operations on every sandbox of a job (by labels)"),
         (name = "batches", description = "Many sandboxes of one shape, placed as capacity frees (create_many)"),
+
+        (name = "e2b", description = "The E2B-compatible API under /e2b (issue 19)"),
         (name = "functions", description = "Function calls on pre-warmed workers"),
         (name = "ports", description = "Exposed ports: reach a server inside a sandbox"),
         (name = "volumes", description = "Named persistent volumes of a project"),

@@ -54,6 +54,9 @@ fn every_registered_route_is_described_and_nothing_else() {
             openapi_path(crate::ports::PROXY_ROUTES[2]),
         ));
     }
+    for (method, path) in crate::compat::e2b::DOCUMENTED {
+        expected.insert((method.to_string(), path.to_string()));
+    }
     for (method, path) in EDGE_PASS_THROUGH {
         assert!(
             path.starts_with("/v1/sandboxes/{id}/"),
@@ -485,6 +488,18 @@ fn samples() -> BTreeMap<&'static str, Vec<Value>> {
     );
     add("ImageInfo", ser(image_info()));
     add("PackDiffRequest", ser(PackDiffRequest::default()));
+    add(
+        "ImageActionRequest",
+        ser(ImageActionRequest::Alias { target: "t".into() }),
+    );
+    add(
+        "TtlUpdate",
+        ser(TtlUpdate {
+            ttl_running_stop: Some(1),
+            ttl_total: Some(2),
+            ttl_action: Some(TtlAction::Pause),
+        }),
+    );
     add(
         "ImageActionRequest",
         ser(ImageActionRequest::Fold {

@@ -1,4 +1,4 @@
-//! `dsec image import|pull|fold|ls|rm`.
+//! `dsec image import|pull|fold|alias|ls|rm`.
 
 use std::io::IsTerminal;
 use std::path::PathBuf;
@@ -22,6 +22,8 @@ pub enum ImageCommand {
     Pull(PullArgs),
     /// Merge consecutive small layers of an image into one layer (same visible tree).
     Fold(FoldArgs),
+    /// Give an image a second name (e.g. an E2B template name: `dsec image alias base debian`).
+    Alias(AliasArgs),
     /// List images.
     Ls(LsArgs),
     /// Remove an image.
@@ -65,6 +67,14 @@ pub struct PullArgs {
     /// Registry user (the password is read from DSEC_REGISTRY_PASSWORD).
     #[arg(long)]
     pub username: Option<String>,
+}
+
+#[derive(Args, Debug)]
+pub struct AliasArgs {
+    /// The new name (`name` or `name:tag`).
+    pub name: String,
+    /// The image it names.
+    pub target: String,
 }
 
 #[derive(Args, Debug)]
@@ -145,6 +155,24 @@ pub async fn image(c: &Client, cmd: ImageCommand) -> anyhow::Result<()> {
                 n_before
                     .map(|n| n.to_string())
                     .unwrap_or_else(|| "?".into()),
+                info.layers.len(),
+                human_bytes(info.size_bytes)
+            );
+            println!("{}", info.name);
+            Ok(())
+        }
+        ImageCommand::Alias(a) => {
+            let req = dsec_wire::api::ImageActionRequest::Alias {
+                target: a.target.clone(),
+            };
+            let info = c
+                .image_action(&a.name, &req)
+                .await
+                .with_context(|| format!("alias image {} to {}", a.name, a.target))?;
+            eprintln!(
+                "{} -> {} ({} layer(s), {})",
+                info.name,
+                a.target,
                 info.layers.len(),
                 human_bytes(info.size_bytes)
             );

@@ -148,6 +148,9 @@ async fn run_action(
                 .await
                 .map_err(EdgeError::Image)
         }
+        ImageActionRequest::Alias { target } => {
+            store.alias(name, &target).await.map_err(EdgeError::Image)
+        }
         ImageActionRequest::Fold {
             max_layer_bytes,
             into,

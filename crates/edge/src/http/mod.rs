@@ -16,6 +16,7 @@ mod sandboxes;
 mod status;
 mod templates;
 mod trajectory;
+mod ttl;
 mod tty;
 mod volumes;
 
@@ -111,6 +112,7 @@ pub fn router(mgr: Arc<Manager>, token: &str) -> Router {
             get(network::get).put(network::put),
         )
         .route(&format!("{sb}/pause"), post(pause::pause))
+        .route(&format!("{sb}/ttl"), axum::routing::put(ttl::update))
         .route(&format!("{sb}/resume"), post(pause::resume))
         .route("/edge/v1/jobs/{op}", post(pause::job))
         .route(&format!("{sb}/pack_diff"), post(pack::pack_diff))

@@ -28,6 +28,7 @@ mod proxy;
 mod recover;
 mod rollback;
 mod stop;
+mod ttl_update;
 mod validate;
 
 pub use crate::names::{validate_hostname, validate_user};

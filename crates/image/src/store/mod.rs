@@ -7,6 +7,7 @@
 //! and only when the layer's reference count is zero; since acquires raise the count under the
 //! same lock before mounting, an unmount can never pull a layer from under a new user.
 
+pub mod alias;
 mod ingest;
 mod lease;
 mod mounts;

@@ -66,6 +66,9 @@ pub enum ImageActionRequest {
         #[serde(default, skip_serializing_if = "Option::is_none")]
         into: Option<String>,
     },
+    /// Register `name` as a second name for the layers of the image `target` (an alias; E2B
+    /// template names map onto dsec images this way).
+    Alias { target: String },
     /// Pull `reference` (`host[:port]/repo[:tag]`) from an OCI registry into the image `name`.
     Pull {
         reference: String,

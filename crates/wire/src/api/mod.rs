@@ -24,6 +24,7 @@
 //! | POST | `/v1/sandboxes/{id}/files/mkdir?path=P&mode=0755&parents=B` | | [`FileInfo`] |
 //! | GET | `/v1/sandboxes/{id}/trajectory?from=&to=&kind=&since=&until=&path=` | | JSONL of [`TrajectoryRecord`] |
 //! | GET | `/v1/sandboxes/{id}/trajectory/last_step` | | [`LastStep`] |
+//! | PUT | `/v1/sandboxes/{id}/ttl` | [`TtlUpdate`] | [`SandboxInfo`] (TTLs changed, idle clock reset) |
 //! | GET | `/v1/sandboxes/{id}/network` | | [`NetworkStatus`] (mode, rules, addresses, denied counters) |
 //! | PUT | `/v1/sandboxes/{id}/network` | [`NetworkSpec`] | [`NetworkStatus`]; effective for new connections at once |
 //! | GET (WebSocket) | `/v1/sandboxes/{id}/tty?rows=R&cols=C&session=S` | binary frames = terminal bytes; text frames = [`TtyControl`] | |
@@ -64,6 +65,8 @@ mod queue;
 mod snapshot;
 mod trajectory;
 mod volume;
+
+mod ttl;
 mod watch;
 
 pub use end_reason::*;
@@ -82,6 +85,8 @@ pub use queue::*;
 pub use snapshot::*;
 pub use trajectory::*;
 pub use volume::*;
+
+pub use ttl::*;
 pub use watch::*;
 
 use std::collections::BTreeMap;
