@@ -156,7 +156,6 @@ pub fn v1_routes() -> Routes {
             crate::membership::http::uncordon,
         )
         .on(Post, "/v1/nodes/{id}/drain", crate::membership::http::drain)
-
         .on(Post, "/v1/volumes", crate::volumes::create)
         .on(Get, "/v1/volumes", crate::volumes::list)
         .on(Get, "/v1/volumes/{name}", crate::volumes::get)

@@ -160,10 +160,7 @@ mod tests {
         assert_eq!(q.remove("a", 1), None);
         assert_eq!(q.remove("b", 0), Some(20));
         assert_eq!(q.len(), 1);
-        assert_eq!(
-            q.pop().map(|(p, t, v)| (p, t, v)),
-            Some(("a".into(), 0, 10))
-        );
+        assert_eq!(q.pop(), Some(("a".into(), 0, 10)));
         assert!(q.pop().is_none() && q.turn.is_empty() && q.projects.is_empty());
     }
 }

@@ -179,7 +179,10 @@ mod tests {
         assert_eq!(e.tick(true), Some(Step::ReclaimAndPause));
         assert_eq!(e.tick(true), Some(Step::ReclaimAndPause));
         assert_eq!(e.ticks(), 3);
-        assert!(e.ticks() < STOP_AFTER_TICKS, "a stop waits past the first pause");
+        assert!(
+            e.ticks() < STOP_AFTER_TICKS,
+            "a stop waits past the first pause"
+        );
         assert!(e.active());
         assert_eq!(e.tick(false), None);
         assert!(!e.active());
