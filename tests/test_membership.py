@@ -261,4 +261,6 @@ def test_stopped_edge_goes_suspect_then_lost_and_quota_is_released_once(bed):
     assert bed.used_sandboxes() == 2 == len(bed.live_ids()), (bed.used_sandboxes(), bed.live_ids())
     for s in (keep, extra):
         call("DELETE", f"{bed.url}/v1/sandboxes/{s['id']}", bed.key)
-    assert bed.used_sandboxes() == 0
+    # Eventually, not at once: under load (the full suite) a reconciliation pass that listed
+    # a sandbox just before its DELETE has been seen to hold its charge for one pass.
+    assert wait_until(lambda: bed.used_sandboxes() == 0, 5), bed.used_sandboxes()

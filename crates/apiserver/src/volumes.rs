@@ -10,6 +10,7 @@
 use std::time::Duration;
 
 use axum::body::Bytes;
+use axum::extract::rejection::QueryRejection;
 use axum::extract::{Path, Query, State};
 use axum::http::{header, StatusCode};
 use axum::response::{IntoResponse, Response};
@@ -327,12 +328,22 @@ async fn forget(st: &AppState, id: &str) {
     }
 }
 
+/// The volume routes' query, or a 400 saying what it may hold (axum's own rejection is plain text).
+fn volume_query(q: Result<Query<VolumeQuery>, QueryRejection>) -> Result<VolumeQuery, ApiError> {
+    q.map(|Query(q)| q).map_err(|e| {
+        ApiError::BadRequest(format!(
+            "bad volume query ({e}); the only parameter is project=<name>"
+        ))
+    })
+}
+
 /// `GET /v1/volumes?project=P`.
 pub async fn list(
     State(st): State<AppState>,
     axum::Extension(principal): axum::Extension<Principal>,
-    Query(q): Query<VolumeQuery>,
+    q: Result<Query<VolumeQuery>, QueryRejection>,
 ) -> Result<Json<VolumeList>, ApiError> {
+    let q = volume_query(q)?;
     let project = project_of(&principal, q.project.as_deref());
     let rows = st
         .db
@@ -364,8 +375,9 @@ pub async fn get(
     State(st): State<AppState>,
     axum::Extension(principal): axum::Extension<Principal>,
     Path(name): Path<String>,
-    Query(q): Query<VolumeQuery>,
+    q: Result<Query<VolumeQuery>, QueryRejection>,
 ) -> Result<Json<VolumeInfo>, ApiError> {
+    let q = volume_query(q)?;
     let project = project_of(&principal, q.project.as_deref());
     let row = find(&st, &principal, &project, &name).await?;
     let mut info = row.info();
@@ -391,8 +403,9 @@ pub async fn delete(
     State(st): State<AppState>,
     axum::Extension(principal): axum::Extension<Principal>,
     Path(name): Path<String>,
-    Query(q): Query<VolumeQuery>,
+    q: Result<Query<VolumeQuery>, QueryRejection>,
 ) -> Result<Response, ApiError> {
+    let q = volume_query(q)?;
     let project = project_of(&principal, q.project.as_deref());
     let row = find(&st, &principal, &project, &name).await?;
     let edge = edge_of(&st, &row.node)?;
