@@ -101,7 +101,7 @@ fn now_secs() -> u64 {
 }
 
 /// HMAC-SHA256 (RFC 2104).
-fn hmac_sha256(key: &[u8], msg: &[u8]) -> [u8; 32] {
+pub(crate) fn hmac_sha256(key: &[u8], msg: &[u8]) -> [u8; 32] {
     let mut k = [0u8; 64];
     if key.len() > 64 {
         k[..32].copy_from_slice(&Sha256::digest(key));

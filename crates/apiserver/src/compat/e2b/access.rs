@@ -13,34 +13,9 @@ use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use axum::http::HeaderMap;
-use sha2::{Digest, Sha256};
 
+use crate::ports::hmac_sha256;
 use crate::routes::AppState;
-
-/// HMAC-SHA256 (RFC 2104).
-fn hmac_sha256(key: &[u8], msg: &[u8]) -> [u8; 32] {
-    let mut k = [0u8; 64];
-    if key.len() > 64 {
-        k[..32].copy_from_slice(&Sha256::digest(key));
-    } else {
-        k[..key.len()].copy_from_slice(key);
-    }
-    let mut ipad = [0x36u8; 64];
-    let mut opad = [0x5cu8; 64];
-    for i in 0..64 {
-        ipad[i] ^= k[i];
-        opad[i] ^= k[i];
-    }
-    let inner = Sha256::new()
-        .chain_update(ipad)
-        .chain_update(msg)
-        .finalize();
-    Sha256::new()
-        .chain_update(opad)
-        .chain_update(inner)
-        .finalize()
-        .into()
-}
 
 /// The envd access token of `sandbox_id` under `secret`.
 pub fn envd_token(secret: &[u8], sandbox_id: &str) -> String {
