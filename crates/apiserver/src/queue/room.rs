@@ -28,6 +28,7 @@ pub fn room_for(nodes: &[NodeView], req: &CreateSandboxRequest) -> usize {
             continue;
         };
         if !n.healthy
+            || n.cordoned
             || !(s.substrates.is_empty() || s.substrates.contains(&req.substrate))
             || !sel
                 .iter()
