@@ -113,11 +113,17 @@ impl Manager {
         let name = dsec_image::canonical_name(name).map_err(EdgeError::Image)?;
         self.images.remove(&name).map_err(EdgeError::Image)?;
         // Layer files may be gone: what substrates keep per layer file (the microVM's
-        // virtio-pmem copies) too, in the background.
+        // virtio-pmem copies) too, in the background — now, and twice more: a copy still named
+        // by a VM being torn down (its files not yet removed) survives the first sweep.
         if let Ok(rt) = tokio::runtime::Handle::try_current() {
             for s in self.substrates.available() {
                 let s = s.clone();
-                rt.spawn(async move { s.images_removed().await });
+                rt.spawn(async move {
+                    for delay_s in [0, 3, 10] {
+                        tokio::time::sleep(std::time::Duration::from_secs(delay_s)).await;
+                        s.images_removed().await;
+                    }
+                });
             }
         }
         Ok(())
