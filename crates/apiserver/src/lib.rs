@@ -39,6 +39,7 @@ pub mod reconcile;
 pub mod revoke;
 pub mod routes;
 pub mod store;
+pub mod time;
 pub mod volumes;
 pub mod watcher;
 

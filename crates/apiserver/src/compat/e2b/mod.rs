@@ -22,7 +22,7 @@ pub mod access;
 pub mod config;
 pub mod envd;
 pub mod rest;
-mod time;
+use crate::time;
 pub mod traffic;
 
 use axum::extract::{Request, State};
