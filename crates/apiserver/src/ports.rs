@@ -264,18 +264,21 @@ pub async fn proxy_request(st: &AppState, id: &str, port: &str, req: Request) ->
         .unwrap_or_else(IntoResponse::into_response)
 }
 
+/// The request's host name, lowercased: its `Host` header, else the URI's authority.
+pub(crate) fn request_host(req: &Request) -> Option<String> {
+    req.headers()
+        .get(header::HOST)
+        .and_then(|v| v.to_str().ok())
+        .map(str::to_ascii_lowercase)
+        .or_else(|| req.uri().host().map(str::to_ascii_lowercase))
+}
+
 /// Layer on the whole router: a `Host` of `{port}-{id}.{sandbox_domain}` goes to the port.
 pub async fn by_host(State(st): State<AppState>, req: Request, next: Next) -> Response {
     let Some(domain) = st.config.sandbox_domain.as_deref() else {
         return next.run(req).await;
     };
-    let host = req
-        .headers()
-        .get(header::HOST)
-        .and_then(|v| v.to_str().ok())
-        .map(str::to_ascii_lowercase)
-        .or_else(|| req.uri().host().map(str::to_ascii_lowercase));
-    let Some(host) = host else {
+    let Some(host) = crate::ports::request_host(&req) else {
         return next.run(req).await;
     };
     let Some((port, id)) = parse_host(&host, domain) else {

@@ -207,13 +207,7 @@ pub async fn by_host(State(st): State<AppState>, req: Request, next: Next) -> Re
     let Some(domain) = st.config.sandbox_domain.as_deref() else {
         return next.run(req).await;
     };
-    let host = req
-        .headers()
-        .get(header::HOST)
-        .and_then(|v| v.to_str().ok())
-        .map(str::to_ascii_lowercase)
-        .or_else(|| req.uri().host().map(str::to_ascii_lowercase));
-    let Some(host) = host else {
+    let Some(host) = crate::ports::request_host(&req) else {
         return next.run(req).await;
     };
     let name = host
